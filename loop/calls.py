@@ -1,0 +1,115 @@
+"""One model call with the retry policy applied: the piece between the loop and a provider.
+
+:func:`call_model` streams a call, feeding each event to ``on_event`` (the
+durable loop journals them as part.added / part.updated), and retries
+transient failures that happened before any output.  Before each backoff
+wait it awaits ``on_retry`` — the durable loop persists ``run.retry-pending``
+there, with the wall-clock time of the next attempt, *before* sleeping, so a
+crash during the wait is resumed at the right moment and the error itself
+never reaches the transcript (promise 8).
+
+Context overflow and permanent errors are raised to the caller (the loop
+compacts, or records the failure); so is :class:`StreamBrokenError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Sequence
+
+import trio
+
+from .errors import ProviderError, TransientProviderError
+from .messages import Message
+from .providers.base import Provider, ResponseBuilder, StreamEvent, ToolSpec, stream_model
+from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
+
+__all__ = ["RetryNotice", "call_model", "Clock", "SYSTEM_CLOCK"]
+
+log = logging.getLogger(__name__)
+
+
+class Clock:
+    """Wall time for records (``now``) and waiting (``sleep_until``), swappable in tests.
+
+    The default maps trio's clock onto wall time once, so a trio ``MockClock``
+    makes every wait and every recorded time virtual together.
+    """
+
+    def __init__(self, wall: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._wall = wall or time.time
+        self._offset: float | None = None
+
+    def now(self) -> float:
+        """Seconds since the epoch (virtual when trio's clock is)."""
+        try:
+            t = trio.current_time()
+        except RuntimeError:
+            return self._wall()
+        if self._offset is None:
+            self._offset = self._wall() - t
+        return self._offset + t
+
+    async def sleep_until(self, wall_time: float) -> None:
+        await trio.sleep(max(0.0, wall_time - self.now()))
+
+
+SYSTEM_CLOCK = Clock()
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """Handed to ``on_retry``: what failed and when the next attempt is."""
+
+    error: ProviderError
+    attempt: int  # the attempt that failed (1-based)
+    max_attempts: int  # 1 + policy.max_retries
+    delay: float
+    next_attempt_at: float  # wall-clock seconds
+
+
+async def call_model(
+    provider: Provider,
+    *,
+    system: str,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    max_tokens: int | None = None,
+    policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+    on_event: Callable[[StreamEvent], Awaitable[None] | None] | None = None,
+    on_retry: Callable[[RetryNotice], Awaitable[None]] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    retries_done: int = 0,
+) -> Message:
+    """The assistant message of one model call, after transient retries.
+
+    ``retries_done`` resumes a retry sequence interrupted by a crash (the
+    durable loop knows it from the journal), so a restart does not grant a
+    fresh set of retries.
+    """
+    attempt = retries_done + 1
+    max_attempts = 1 + policy.max_retries
+    while True:
+        builder = ResponseBuilder()
+        try:
+            async for ev in stream_model(provider, system=system, messages=messages, tools=tools, max_tokens=max_tokens):
+                builder.add(ev)
+                if on_event is not None:
+                    r = on_event(ev)
+                    if r is not None:
+                        await r
+            return builder.message()
+        except TransientProviderError as e:
+            # After output, stream_model raised StreamBrokenError instead: never here.
+            if not policy.should_retry(e, attempt - 1):
+                raise
+            delay = policy.delay(attempt, e)
+            notice = RetryNotice(e, attempt, max_attempts, delay, clock.now() + delay)
+            log.info("%s: %s; retry %d/%d in %.2fs", getattr(provider, "name", "?"), e.message, attempt, policy.max_retries, delay)
+            if on_retry is not None:
+                await on_retry(notice)
+            await clock.sleep_until(notice.next_attempt_at)
+            attempt += 1

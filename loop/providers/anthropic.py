@@ -1,0 +1,192 @@
+"""Anthropic Messages API, streaming (``POST /v1/messages`` with ``stream: true``).
+
+Wire format (https://docs.anthropic.com/en/api/messages-streaming): named SSE
+events ``message_start`` (usage.input_tokens), ``content_block_start``
+(``text`` or ``tool_use`` with id and name), ``content_block_delta``
+(``text_delta`` / ``input_json_delta``), ``content_block_stop``,
+``message_delta`` (stop_reason, cumulative usage.output_tokens),
+``message_stop``, ``ping`` and ``error`` (e.g. ``overloaded_error`` mid-stream).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+from ..errors import PermanentProviderError, classify_http
+from ..messages import Message
+from .base import (
+    DEFAULT_MAX_TOKENS,
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_TOOL_USE,
+    Finish,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolSpec,
+    Usage,
+)
+from .http import HTTPProvider
+
+__all__ = ["AnthropicProvider", "to_anthropic_messages", "ANTHROPIC_VERSION", "DEFAULT_ANTHROPIC_BASE_URL"]
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+
+_STOP = {"end_turn": STOP_END, "stop_sequence": STOP_END, "tool_use": STOP_TOOL_USE, "max_tokens": STOP_MAX_TOKENS}
+
+
+def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The loop's messages as Anthropic ``messages`` (tool results ride in user turns).
+
+    Consecutive messages of one role are merged, and tool results are put
+    first in their user turn, as the API requires them to follow the
+    assistant turn that asked for them.
+    """
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        blocks: list[dict[str, Any]] = []
+        if role == "user":
+            for p in m.get("content") or ():
+                if p.get("type") == "text" and p.get("text"):
+                    blocks.append({"type": "text", "text": p["text"]})
+            wire_role = "user"
+        elif role == "assistant":
+            for p in m.get("content") or ():
+                if p.get("type") == "text" and p.get("text"):
+                    blocks.append({"type": "text", "text": p["text"]})
+                elif p.get("type") == "tool_call":
+                    blocks.append({"type": "tool_use", "id": p["id"], "name": p["name"], "input": p.get("arguments") or {}})
+            wire_role = "assistant"
+        elif role == "tool":
+            for p in m.get("content") or ():
+                if p.get("type") == "tool_result":
+                    b: dict[str, Any] = {"type": "tool_result", "tool_use_id": p["call_id"], "content": p.get("content", "")}
+                    if p.get("is_error"):
+                        b["is_error"] = True
+                    blocks.append(b)
+            wire_role = "user"
+        else:
+            continue  # the loop's own records (errors, compaction markers) are not model input
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == wire_role:
+            prev = out[-1]["content"]
+            merged = prev + blocks
+            # tool_result blocks first within a user turn
+            merged.sort(key=lambda b: 0 if b["type"] == "tool_result" else 1)
+            out[-1]["content"] = merged
+        else:
+            out.append({"role": wire_role, "content": blocks})
+    return out
+
+
+class AnthropicProvider(HTTPProvider):
+    kind = "anthropic"
+    api_key_env = "ANTHROPIC_API_KEY"
+
+    def __init__(self, model: str, *, base_url: str | None = None, **kw: Any) -> None:
+        import os
+
+        base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL
+        super().__init__(model, base_url=base, **kw)
+
+    def _headers(self) -> dict[str, str]:
+        h = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
+        if self.api_key:
+            h["x-api-key"] = self.api_key
+        return h
+
+    def request_body(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], max_tokens: int | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+            "messages": to_anthropic_messages(messages),
+            "stream": True,
+        }
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
+        return body
+
+    async def stream(
+        self,
+        *,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        body = self.request_body(system=system, messages=messages, tools=tools, max_tokens=max_tokens)
+        usage: dict[str, int] = {}
+        stop_reason: str | None = None
+        kinds: dict[int, str] = {}  # content block index -> "text" | "tool_use" | other
+        async with aclosing(self._post_sse("/v1/messages", body)) as events:
+            async for sse in events:
+                if not sse.data:
+                    continue
+                try:
+                    data: Mapping[str, Any] = json.loads(sse.data)
+                except ValueError as e:
+                    raise PermanentProviderError(f"bad JSON in {sse.event} event: {e}", provider=self.name) from e
+                etype = data.get("type") or sse.event
+                if etype == "message_start":
+                    _merge_usage(usage, (data.get("message") or {}).get("usage"))
+                elif etype == "content_block_start":
+                    idx = int(data.get("index", 0))
+                    block = data.get("content_block") or {}
+                    kinds[idx] = block.get("type", "")
+                    if kinds[idx] == "text":
+                        if block.get("text"):
+                            yield TextDelta(block["text"], idx)
+                    elif kinds[idx] == "tool_use":
+                        yield ToolCallStart(idx, str(block.get("id", f"toolu_{idx}")), str(block.get("name", "")))
+                        initial = block.get("input")
+                        if initial:  # normally {} with the arguments following as deltas
+                            yield ToolCallDelta(idx, json.dumps(initial))
+                elif etype == "content_block_delta":
+                    idx = int(data.get("index", 0))
+                    delta = data.get("delta") or {}
+                    dtype = delta.get("type")
+                    if dtype == "text_delta":
+                        if delta.get("text"):
+                            yield TextDelta(delta["text"], idx)
+                    elif dtype == "input_json_delta":
+                        if kinds.get(idx) != "tool_use":
+                            raise PermanentProviderError(f"input_json_delta for non-tool block {idx}", provider=self.name)
+                        if delta.get("partial_json"):
+                            yield ToolCallDelta(idx, delta["partial_json"])
+                    # thinking_delta / signature_delta: not part of the transcript here
+                elif etype == "message_delta":
+                    stop_reason = (data.get("delta") or {}).get("stop_reason") or stop_reason
+                    _merge_usage(usage, data.get("usage"))
+                elif etype == "message_stop":
+                    raw = stop_reason or "end_turn"
+                    yield Finish(_STOP.get(raw, raw), _usage(usage), raw)
+                    return
+                elif etype == "error":
+                    raise classify_http(None, data, provider=self.name)
+                # ping, content_block_stop and future event types: nothing to do
+
+
+def _merge_usage(acc: dict[str, int], u: Mapping[str, Any] | None) -> None:
+    """Anthropic's usage numbers are cumulative: the latest value wins."""
+    for k, v in (u or {}).items():
+        if isinstance(v, int):
+            acc[k] = v
+
+
+def _usage(u: Mapping[str, int]) -> Usage:
+    return Usage(
+        input_tokens=u.get("input_tokens", 0),
+        output_tokens=u.get("output_tokens", 0),
+        cache_read_tokens=u.get("cache_read_input_tokens", 0),
+        cache_write_tokens=u.get("cache_creation_input_tokens", 0),
+    )

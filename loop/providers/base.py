@@ -1,0 +1,259 @@
+"""The provider protocol: a model call streamed as a small set of events.
+
+A provider turns ``(system, messages, tools)`` into an async iterator of
+:data:`StreamEvent` values and raises only :class:`loop.errors.ProviderError`
+subclasses.  Every provider speaks the same five events, whatever its wire
+format, so the loop (journal coalescing, tool dispatch, usage) is written once:
+
+* :class:`TextDelta` — a piece of assistant text.
+* :class:`ToolCallStart` — a tool call began (id and name known).
+* :class:`ToolCallDelta` — a piece of that call's JSON arguments.
+* :class:`Finish` — the call ended: stop reason and usage.
+
+:func:`stream_model` wraps a provider's stream and enforces the one rule the
+retry policy relies on: an error raised *after* any output event becomes a
+:class:`StreamBrokenError` (never retried, because the output was seen).
+:class:`ResponseBuilder` folds events into the assistant message the loop
+persists.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, Union, runtime_checkable
+
+from ..errors import PermanentProviderError, ProviderError, StreamBrokenError, classify_exception
+from ..messages import Message
+
+__all__ = [
+    "Usage",
+    "TextDelta",
+    "ToolCallStart",
+    "ToolCallDelta",
+    "Finish",
+    "StreamEvent",
+    "ToolSpec",
+    "Provider",
+    "ResponseBuilder",
+    "stream_model",
+    "STOP_END",
+    "STOP_TOOL_USE",
+    "STOP_MAX_TOKENS",
+    "DEFAULT_MAX_TOKENS",
+]
+
+STOP_END = "end_turn"
+STOP_TOOL_USE = "tool_use"
+STOP_MAX_TOKENS = "max_tokens"
+# Output tokens asked for when the agent does not say (Anthropic requires a value).
+DEFAULT_MAX_TOKENS = 4096
+
+assert DEFAULT_MAX_TOKENS > 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        d = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if self.cache_read_tokens:
+            d["cache_read_tokens"] = self.cache_read_tokens
+        if self.cache_write_tokens:
+            d["cache_write_tokens"] = self.cache_write_tokens
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Usage":
+        d = d or {}
+        return cls(
+            int(d.get("input_tokens", 0)),
+            int(d.get("output_tokens", 0)),
+            int(d.get("cache_read_tokens", 0)),
+            int(d.get("cache_write_tokens", 0)),
+        )
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    index: int
+    arguments: str  # a fragment of the JSON arguments text
+
+
+@dataclass(frozen=True)
+class Finish:
+    stop_reason: str
+    usage: Usage = field(default_factory=Usage)
+    raw_stop_reason: str | None = None
+
+
+StreamEvent = Union[TextDelta, ToolCallStart, ToolCallDelta, Finish]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a model is told about one tool."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A model behind some wire format.  ``name`` is the spec it was made from."""
+
+    name: str
+
+    def stream(
+        self,
+        *,
+        system: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream one model call; raise only ``ProviderError`` subclasses."""
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+
+def _is_output(ev: StreamEvent) -> bool:
+    return isinstance(ev, (TextDelta, ToolCallStart, ToolCallDelta)) and (
+        not isinstance(ev, TextDelta) or bool(ev.text)
+    )
+
+
+async def stream_model(
+    provider: Provider,
+    *,
+    system: str,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    max_tokens: int | None = None,
+) -> AsyncIterator[StreamEvent]:
+    """``provider.stream`` with errors classified and the after-output rule applied.
+
+    Anything other than a ``ProviderError`` escaping a provider is classified
+    (connection errors transient, the rest permanent); any error after the
+    first output event becomes a ``StreamBrokenError`` carrying the original.
+    A stream that ends without :class:`Finish` is broken too.
+    """
+    output = False
+    finished = False
+    agen = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens)
+    try:
+        async for ev in agen:
+            if isinstance(ev, Finish):
+                finished = True
+            elif _is_output(ev):
+                output = True
+            yield ev
+    except ProviderError as e:
+        if output and not isinstance(e, StreamBrokenError):
+            raise StreamBrokenError(f"stream failed after output: {e.message}", cause=e) from e
+        raise
+    except (Exception,) as e:  # noqa: BLE001 — classified here, in one place
+        err = classify_exception(e, provider=getattr(provider, "name", None))
+        if output:
+            raise StreamBrokenError(f"stream failed after output: {err.message}", cause=err) from e
+        raise err from e
+    finally:
+        aclose = getattr(agen, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if not finished:
+        err = classify_exception(ConnectionError("stream ended without a finish event"), provider=getattr(provider, "name", None))
+        if output:
+            raise StreamBrokenError(f"stream ended early: {err.message}", cause=err)
+        raise err
+
+
+class ResponseBuilder:
+    """Folds stream events into the assistant message the loop persists."""
+
+    def __init__(self) -> None:
+        self._parts: list[dict[str, Any]] = []  # in stream order
+        self._last_text_index: int | None = None
+        self._call_at: dict[int, int] = {}  # tool call index -> part position
+        self._args: dict[int, list[str]] = {}
+        self.finish: Finish | None = None
+
+    def add(self, ev: StreamEvent) -> None:
+        if isinstance(ev, TextDelta):
+            # Consecutive deltas of one text block extend it; a text block
+            # after a tool call starts a new part (stream order is kept).
+            if self._parts and self._parts[-1]["type"] == "text" and self._last_text_index == ev.index:
+                self._parts[-1]["text"] += ev.text
+            else:
+                self._parts.append({"type": "text", "text": ev.text})
+                self._last_text_index = ev.index
+        elif isinstance(ev, ToolCallStart):
+            self._call_at[ev.index] = len(self._parts)
+            self._args[ev.index] = []
+            self._parts.append({"type": "tool_call", "id": ev.id, "name": ev.name, "arguments": {}})
+        elif isinstance(ev, ToolCallDelta):
+            if ev.index not in self._args:
+                raise PermanentProviderError(f"arguments for unknown tool call index {ev.index}")
+            self._args[ev.index].append(ev.arguments)
+        elif isinstance(ev, Finish):
+            self.finish = ev
+
+    @property
+    def text(self) -> str:
+        return "".join(p["text"] for p in self._parts if p["type"] == "text")
+
+    def message(self) -> Message:
+        """The assistant message; tool-call arguments parsed (bad JSON kept as ``_raw``)."""
+        parts: list[dict[str, Any]] = []
+        for p in self._parts:
+            if p["type"] == "text":
+                if p["text"]:
+                    parts.append(dict(p))
+                continue
+            idx = next(i for i, pos in self._call_at.items() if self._parts[pos] is p)
+            raw = "".join(self._args[idx])
+            q = dict(p)
+            if raw.strip():
+                try:
+                    args = json.loads(raw)
+                except ValueError:
+                    args = None
+                q["arguments"] = args if isinstance(args, dict) else {"_raw": raw}
+            parts.append(q)
+        msg: Message = {"role": "assistant", "content": parts}
+        if self.finish is not None:
+            msg["stop_reason"] = self.finish.stop_reason
+            msg["usage"] = self.finish.usage.to_dict()
+        return msg

@@ -1,0 +1,367 @@
+"""A local HTTP/1.1 server speaking Anthropic's and OpenAI's streaming wire formats.
+
+The only thing the test-suite fakes is a hosted model provider (team rules),
+and it fakes it at the wire: a plain trio socket server on a loopback port,
+so the real httpx client, the real SSE parser and the real error
+classification run against bytes shaped exactly like the providers' own.
+
+Each request takes the next scripted response from a FIFO (``enqueue``);
+the dialect follows the path (``/v1/messages`` -> Anthropic,
+``.../chat/completions`` -> OpenAI).  Every request is recorded (method,
+path, headers, JSON body) for assertions.
+
+Scripted responses:
+
+* :class:`FakeReply` — text and tool calls streamed as SSE, with usage and
+  a stop reason (tool-call arguments split into several deltas, as real
+  servers do);
+* :class:`FakeError` — an HTTP error status with the dialect's error body
+  and optional headers (429 + retry-after, 529 overloaded, 500, 400 prompt
+  too long...);
+* :class:`FakeBreak` — a stream that sends ``after`` events of a reply and
+  then drops the connection without the terminating chunk;
+* :class:`FakeStreamError` — Anthropic's in-stream ``error`` event (or an
+  OpenAI ``data: {"error": ...}`` chunk) after ``after`` events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence, Union
+
+import trio
+
+__all__ = [
+    "FakeReply",
+    "FakeError",
+    "FakeBreak",
+    "FakeStreamError",
+    "FakeProviderServer",
+    "RecordedRequest",
+    "anthropic_events",
+    "openai_events",
+    "overloaded",
+    "rate_limited",
+    "server_error",
+    "prompt_too_long",
+    "context_length_exceeded",
+]
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class FakeReply:
+    text: str = ""
+    tool_calls: Sequence[tuple[str, str, dict[str, Any]]] = ()  # (id, name, arguments)
+    input_tokens: int = 11
+    output_tokens: int = 7
+    stop_reason: str | None = None  # default: dialect's own for text / tool calls
+    chunk: int = 5  # characters per text delta
+    model: str = "fake-model"
+
+
+@dataclass
+class FakeError:
+    status: int
+    body: Any = None  # dict (JSON) / bytes / str; None: a dialect-shaped default
+    headers: dict[str, str] = field(default_factory=dict)
+    error_type: str | None = None
+    message: str | None = None
+
+
+@dataclass
+class FakeBreak:
+    reply: FakeReply
+    after: int  # SSE events sent before the connection drops
+
+
+@dataclass
+class FakeStreamError:
+    reply: FakeReply
+    after: int
+    error_type: str = "overloaded_error"
+    message: str = "Overloaded"
+
+
+Scripted = Union[FakeReply, FakeError, FakeBreak, FakeStreamError]
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def overloaded() -> FakeError:
+    return FakeError(529, error_type="overloaded_error", message="Overloaded")
+
+
+def rate_limited(retry_after: str | None = "3") -> FakeError:
+    return FakeError(
+        429,
+        headers={"retry-after": retry_after} if retry_after is not None else {},
+        error_type="rate_limit_error",
+        message="Number of request tokens has exceeded your per-minute rate limit",
+    )
+
+
+def server_error(status: int = 500) -> FakeError:
+    return FakeError(status, error_type="api_error", message="Internal server error")
+
+
+def prompt_too_long() -> FakeError:
+    return FakeError(400, error_type="invalid_request_error", message="prompt is too long: 210000 tokens > 200000 maximum")
+
+
+def context_length_exceeded() -> FakeError:
+    return FakeError(
+        400,
+        body={
+            "error": {
+                "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
+
+
+def _sse(event: str | None, data: Any) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def _split(s: str, n: int) -> list[str]:
+    return [s[i : i + n] for i in range(0, len(s), n)] or [""]
+
+
+def anthropic_events(r: FakeReply) -> list[bytes]:
+    """The SSE events of one streamed Messages API response, as Anthropic sends them."""
+    ev = [
+        _sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_fake01",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": r.model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": r.input_tokens, "output_tokens": 1},
+                },
+            },
+        ),
+        _sse("ping", {"type": "ping"}),
+    ]
+    idx = 0
+    if r.text:
+        ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx, "content_block": {"type": "text", "text": ""}}))
+        for piece in _split(r.text, r.chunk):
+            ev.append(
+                _sse("content_block_delta", {"type": "content_block_delta", "index": idx, "delta": {"type": "text_delta", "text": piece}})
+            )
+        ev.append(_sse("content_block_stop", {"type": "content_block_stop", "index": idx}))
+        idx += 1
+    for call_id, name, args in r.tool_calls:
+        ev.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": idx, "content_block": {"type": "tool_use", "id": call_id, "name": name, "input": {}}},
+            )
+        )
+        ev.append(
+            _sse("content_block_delta", {"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": ""}})
+        )
+        for piece in _split(json.dumps(args), 4):
+            ev.append(
+                _sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": piece}},
+                )
+            )
+        ev.append(_sse("content_block_stop", {"type": "content_block_stop", "index": idx}))
+        idx += 1
+    stop = r.stop_reason or ("tool_use" if r.tool_calls else "end_turn")
+    ev.append(
+        _sse(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": r.output_tokens}},
+        )
+    )
+    ev.append(_sse("message_stop", {"type": "message_stop"}))
+    return ev
+
+
+def openai_events(r: FakeReply) -> list[bytes]:
+    """The ``data:`` chunks of one streamed Chat Completions response, as OpenAI sends them."""
+    base = {"id": "chatcmpl-fake01", "object": "chat.completion.chunk", "created": 1700000000, "model": r.model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _sse(None, {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    ev = [chunk({"role": "assistant", "content": "" if not r.tool_calls or r.text else None})]
+    if r.text:
+        for piece in _split(r.text, r.chunk):
+            ev.append(chunk({"content": piece}))
+    for i, (call_id, name, args) in enumerate(r.tool_calls):
+        ev.append(
+            chunk({"tool_calls": [{"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]})
+        )
+        for piece in _split(json.dumps(args), 4):
+            ev.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+    stop = r.stop_reason or ("tool_calls" if r.tool_calls else "stop")
+    ev.append(chunk({}, stop))
+    ev.append(
+        _sse(
+            None,
+            {
+                **base,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": r.input_tokens,
+                    "completion_tokens": r.output_tokens,
+                    "total_tokens": r.input_tokens + r.output_tokens,
+                },
+            },
+        )
+    )
+    ev.append(b"data: [DONE]\n\n")
+    return ev
+
+
+def _error_body(dialect: str, e: FakeError) -> bytes:
+    if e.body is not None:
+        if isinstance(e.body, bytes):
+            return e.body
+        if isinstance(e.body, str):
+            return e.body.encode()
+        return json.dumps(e.body).encode()
+    etype = e.error_type or "api_error"
+    msg = e.message or "error"
+    if dialect == "anthropic":
+        return json.dumps({"type": "error", "error": {"type": etype, "message": msg}}).encode()
+    return json.dumps({"error": {"message": msg, "type": etype, "param": None, "code": None}}).encode()
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 408: "Request Timeout",
+            409: "Conflict", 429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
+            503: "Service Unavailable", 529: "Overloaded"}
+
+
+class FakeProviderServer:
+    """``async with trio.open_nursery() as n: await n.start(server.serve)`` then ``server.base_url``."""
+
+    def __init__(self) -> None:
+        self.script: list[Scripted] = []
+        self.requests: list[RecordedRequest] = []
+        self.port: int | None = None
+
+    def enqueue(self, *responses: Scripted) -> None:
+        self.script.extend(responses)
+
+    @property
+    def base_url(self) -> str:
+        assert self.port is not None, "server not started"
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _read_request(self, stream: trio.SocketStream) -> RecordedRequest | None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = await stream.receive_some(65536)
+            if not data:
+                return None
+            buf += data
+            assert len(buf) < MAX_REQUEST_BYTES
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        n = int(headers.get("content-length", "0"))
+        while len(rest) < n:
+            data = await stream.receive_some(65536)
+            if not data:
+                return None
+            rest += data
+        body: Any = rest[:n]
+        try:
+            body = json.loads(body) if body else None
+        except ValueError:
+            pass
+        return RecordedRequest(method, path, headers, body)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            req = await self._read_request(stream)
+            if req is None:
+                return
+            self.requests.append(req)
+            dialect = "anthropic" if req.path.endswith("/v1/messages") else "openai"
+            if not self.script:
+                await self._send_error(stream, dialect, FakeError(500, message="fake server: no scripted response"))
+                return
+            item = self.script.pop(0)
+            if isinstance(item, FakeError):
+                await self._send_error(stream, dialect, item)
+            elif isinstance(item, FakeReply):
+                await self._send_stream(stream, self._events(dialect, item), complete=True)
+            elif isinstance(item, FakeBreak):
+                await self._send_stream(stream, self._events(dialect, item.reply)[: item.after], complete=False)
+            elif isinstance(item, FakeStreamError):
+                events = self._events(dialect, item.reply)[: item.after]
+                if dialect == "anthropic":
+                    events.append(_sse("error", {"type": "error", "error": {"type": item.error_type, "message": item.message}}))
+                else:
+                    events.append(_sse(None, {"error": {"message": item.message, "type": item.error_type, "code": None}}))
+                await self._send_stream(stream, events, complete=True)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+    @staticmethod
+    def _events(dialect: str, r: FakeReply) -> list[bytes]:
+        return anthropic_events(r) if dialect == "anthropic" else openai_events(r)
+
+    async def _send_error(self, stream: trio.SocketStream, dialect: str, e: FakeError) -> None:
+        body = _error_body(dialect, e)
+        headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close", **e.headers}
+        if dialect == "anthropic":
+            headers.setdefault("request-id", "req_fake01")
+        await stream.send_all(self._head(e.status, headers) + body)
+
+    async def _send_stream(self, stream: trio.SocketStream, events: list[bytes], *, complete: bool) -> None:
+        headers = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "transfer-encoding": "chunked",
+            "connection": "close",
+        }
+        await stream.send_all(self._head(200, headers))
+        for ev in events:
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(ev), ev))
+        if complete:
+            await stream.send_all(b"0\r\n\r\n")
+        # else: drop the connection mid-body — httpx sees an incomplete chunked read
+
+    @staticmethod
+    def _head(status: int, headers: dict[str, str]) -> bytes:
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"] + [f"{k}: {v}" for k, v in headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

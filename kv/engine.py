@@ -1,0 +1,402 @@
+"""The embedded engine's commit pipeline, shared by the memory and LMDB stores.
+
+One :class:`Engine` plays FoundationDB's sequencer, resolver and commit
+proxy for one process:
+
+* **Versions.** Commit versions advance with the engine's clock at about
+  1e6 per second (as FoundationDB's do), are strictly increasing, and are
+  persisted with every batch, so a reopened store never reuses one.
+* **Group commit.** A committing transaction joins the pending queue. If no
+  batch is being written, it becomes the leader: it takes everything pending,
+  resolves it in arrival order (each transaction checked against the ones
+  accepted before it, which is the serialization order and the versionstamp's
+  batch suffix), writes the accepted mutations as *one* store write (one
+  LMDB transaction, one fsync), and wakes every waiter. Commits that arrive
+  meanwhile form the next batch. There is no background task: the pipeline
+  lives inside the awaiting commits, so nothing outlives the callers.
+* **Watches** are checked after each applied batch.
+* **Fault hooks** let the simulator crash the "process" before a batch is
+  applied, after it is applied but before anyone hears, or turn a commit that
+  did apply into ``commit_unknown_result``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+import trio
+
+from .errors import KVError
+from .limits import MAX_BATCH_BYTES, MAX_BATCH_TRANSACTIONS, MAX_WATCHES, MVCC_WINDOW_VERSIONS, VERSIONS_PER_SECOND
+from .resolver import Resolver, key_after
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "Store", "Snapshot", "CommitRequest", "FaultHooks", "Watch", "Mutation"]
+
+# A mutation, in transaction order: ("set", k, v) | ("clear", begin, end) | ("atomic", op, k, param)
+Mutation = tuple
+
+
+class Snapshot(Protocol):
+    """A consistent view of the store at ``version`` (an MVCC read version)."""
+
+    version: int
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` (0 = all) pairs in [begin, end), ascending or descending."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Store(Protocol):
+    """Durable (or not) storage under the engine: snapshots and atomic batches."""
+
+    def committed_version(self) -> int: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    async def apply(self, version: int, mutations: list[Mutation]) -> None:
+        """Apply one batch all-or-nothing and make it durable before returning."""
+        ...
+
+    def close(self) -> None: ...
+
+    stats: dict[str, int]
+
+
+class FaultHooks:
+    """Injection points for the simulator. The defaults do nothing.
+
+    A hook raises to inject: a ``KVError`` becomes that error for the caller;
+    any other exception (e.g. the simulator's ``Crash``) is delivered to every
+    waiter of the batch, modelling a process that died at that point.
+    """
+
+    def on_read(self, tr: Any) -> None:
+        """Before a read is served (inject 1007 / 1009 like client BUGGIFY)."""
+
+    def before_commit(self, tr: Any) -> None:
+        """Before a transaction enters the pipeline (inject 1020 / 1007, or crash)."""
+
+    def before_apply(self, version: int, batch: list["CommitRequest"]) -> None:
+        """Resolved, not yet applied: raising here means the batch never happened."""
+
+    def after_apply(self, version: int, batch: list["CommitRequest"]) -> dict["CommitRequest", BaseException] | None:
+        """Applied and durable, nobody told yet: return errors to deliver instead of success."""
+        return None
+
+
+@dataclass(eq=False)
+class CommitRequest:
+    """What a transaction sends to the pipeline, and what it gets back."""
+
+    read_version: int
+    read_ranges: list[tuple[bytes, bytes]]
+    write_ranges: list[tuple[bytes, bytes]]
+    mutations: list[Mutation]
+    # (index into mutations, kind, payload, offset): filled with the versionstamp at resolve time
+    stamped: list[tuple[int, str, bytes, bytes, int]] = field(default_factory=list)
+    size: int = 0
+    tag: Any = None  # the Transaction, for hooks
+    # results
+    version: int = -1
+    stamp: bytes | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class Watch:
+    """A one-shot notification that a key's value changed after a commit.
+
+    ``await watch`` (or ``await watch.wait()``) returns once the value
+    differs from what the creating transaction saw; it is only armed when
+    that transaction commits. A commit error is copied to the watch.
+    """
+
+    def __init__(self, engine: "Engine | None", key: bytes) -> None:
+        self._engine = engine
+        self.key = key
+        self.seen: bytes | None = None
+        self._event = trio.Event()
+        self._error: BaseException | None = None
+        self.armed = False
+
+    def _fire(self, error: BaseException | None = None) -> None:
+        if self._event.is_set():
+            return
+        self._error = error
+        self._event.set()
+        if self._engine is not None:
+            self._engine._unregister_watch(self)
+
+    @property
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+
+    def __await__(self):
+        return self.wait().__await__()
+
+    def cancel(self) -> None:
+        self._fire(KVError(1101, "watch cancelled"))
+
+
+def _stamp_into(payload: bytes, offset: int, stamp: bytes) -> bytes:
+    return payload[:offset] + stamp + payload[offset + 10 :]
+
+
+class Engine:
+    """Sequencer + resolver + commit proxy over one :class:`Store`."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        hooks: FaultHooks | None = None,
+        rng: random.Random | None = None,
+        mvcc_window: int = MVCC_WINDOW_VERSIONS,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.hooks = hooks or FaultHooks()
+        self.random = rng or random.Random()
+        self.mvcc_window = mvcc_window
+        self.resolver = Resolver()
+        self._last_version = store.committed_version()
+        self._max_read_version = self._last_version
+        self._applying_version: int | None = None
+        self._pending: list[CommitRequest] = []
+        self._writing = False
+        self._batch_done = trio.Event() if _in_trio() else None
+        self._watches: dict[bytes, set[Watch]] = {}
+        self._watch_count = 0
+        self.closed = False
+        self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0}
+
+    # -- versions ---------------------------------------------------------
+
+    def committed_version(self) -> int:
+        return self._last_version
+
+    def version_now(self) -> int:
+        """The version a commit would get about now (for too-old checks)."""
+        return max(self._last_version, int(self.clock() * VERSIONS_PER_SECOND))
+
+    def read_version_for(self, snapshot_version: int) -> int:
+        """The read version of a transaction whose storage snapshot is at ``snapshot_version``.
+
+        Like FoundationDB's GRV it keeps advancing with the clock between
+        commits (so an idle store's readers are not "too old"), but it stays
+        below the version of any batch the snapshot does not contain, and every
+        later commit gets a higher version (``_next_version``).
+        """
+        rv = max(snapshot_version, int(self.clock() * VERSIONS_PER_SECOND))
+        if self._applying_version is not None and snapshot_version < self._applying_version:
+            rv = min(rv, self._applying_version - 1)
+        rv = max(rv, snapshot_version)
+        if rv > self._max_read_version:
+            self._max_read_version = rv
+        return rv
+
+    def _next_version(self) -> int:
+        v = max(self._last_version + 1, self._max_read_version + 1, int(self.clock() * VERSIONS_PER_SECOND))
+        assert v > self._last_version
+        return v
+
+    def check_read_version(self, read_version: int) -> None:
+        if read_version < self.version_now() - self.mvcc_window:
+            raise KVError(1007, "read version is older than the MVCC window")
+
+    # -- commits ----------------------------------------------------------
+
+    async def commit(self, req: CommitRequest) -> None:
+        """Resolve and durably apply ``req`` (with whatever else is pending).
+
+        Shielded: once a commit is handed to the pipeline it may or may not
+        happen, so the caller must not be able to walk away half-way.
+        """
+        if self.closed:
+            raise KVError(2000, "database is closed")
+        if self._batch_done is None:
+            self._batch_done = trio.Event()
+        self._pending.append(req)
+        with trio.CancelScope(shield=True):
+            while not req.done:
+                if not self._writing:
+                    self._writing = True
+                    try:
+                        await self._write_one_batch()
+                    finally:
+                        self._writing = False
+                        done, self._batch_done = self._batch_done, trio.Event()
+                        done.set()
+                else:
+                    await self._batch_done.wait()
+        if req.error is not None:
+            raise req.error
+
+    def _take_batch(self) -> list[CommitRequest]:
+        n = size = 0
+        for r in self._pending:
+            if n >= MAX_BATCH_TRANSACTIONS or (n and size + r.size > MAX_BATCH_BYTES):
+                break
+            n += 1
+            size += r.size
+        batch = self._pending[:n]
+        del self._pending[:n]
+        return batch
+
+    async def _write_one_batch(self) -> None:
+        batch = self._take_batch()
+        if not batch:
+            return
+        version = self._next_version()
+        accepted: list[CommitRequest] = []
+        mutations: list[Mutation] = []
+        window_floor = version - self.mvcc_window
+        for req in batch:
+            if req.read_ranges and req.read_version < window_floor:
+                req.error = KVError(1007, "read version is older than the MVCC window")
+                self.stats["too_old"] += 1
+                continue
+            if self.resolver.conflicts(req.read_ranges, req.read_version):
+                req.error = KVError(1020)
+                self.stats["conflicts"] += 1
+                continue
+            order = len(accepted)
+            stamp = version.to_bytes(8, "big") + order.to_bytes(2, "big")
+            req.stamp = stamp
+            muts = req.mutations
+            if req.stamped:
+                muts = list(muts)
+                for index, kind, key, value, offset in req.stamped:
+                    if kind == "key":
+                        final = _stamp_into(key, offset, stamp)
+                        muts[index] = ("set", final, value)
+                        req.write_ranges.append((final, key_after(final)))
+                    else:
+                        muts[index] = ("set", key, _stamp_into(value, offset, stamp))
+            self.resolver.add(version, req.write_ranges)
+            accepted.append(req)
+            mutations.extend(muts)
+        try:
+            if accepted:
+                self.hooks.before_apply(version, accepted)
+                self._applying_version = version
+                try:
+                    await self.store.apply(version, mutations)
+                finally:
+                    self._applying_version = None
+                self._last_version = version
+                self.stats["batches"] += 1
+                self.stats["commits"] += len(accepted)
+                self.resolver.forget_before(window_floor)
+                self._check_watches(mutations)
+                failures = self.hooks.after_apply(version, accepted) or {}
+            else:
+                failures = {}
+        except BaseException as exc:  # a crash or a storage failure: nobody in the batch committed (or knows)
+            log.debug("batch at version %d failed: %r", version, exc)
+            for req in batch:
+                if req.error is None:
+                    req.error = exc
+                req.done = True
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for req in batch:
+            if req.error is None:
+                req.version = version
+                if req in failures:
+                    req.error = failures[req]
+            req.done = True
+
+    # -- watches ----------------------------------------------------------
+
+    def arm_watch(self, watch: Watch) -> None:
+        """Activate ``watch`` after its transaction committed (or read-only finished)."""
+        if watch.ready:
+            return
+        snap = self.store.snapshot()
+        try:
+            current = snap.get(watch.key)
+        finally:
+            snap.close()
+        if current != watch.seen:
+            watch._fire()
+            return
+        if self._watch_count >= MAX_WATCHES:
+            watch._fire(KVError(1032))
+            return
+        self._watches.setdefault(watch.key, set()).add(watch)
+        self._watch_count += 1
+        watch.armed = True
+
+    def _unregister_watch(self, watch: Watch) -> None:
+        s = self._watches.get(watch.key)
+        if s is not None and watch in s:
+            s.discard(watch)
+            self._watch_count -= 1
+            if not s:
+                del self._watches[watch.key]
+
+    def _touched_watched_keys(self, mutations: list[Mutation]) -> Iterator[bytes]:
+        watched = self._watches
+        for m in mutations:
+            if m[0] == "set":
+                if m[1] in watched:
+                    yield m[1]
+            elif m[0] == "atomic":
+                if m[2] in watched:
+                    yield m[2]
+            else:
+                begin, end = m[1], m[2]
+                for k in list(watched):
+                    if begin <= k < end:
+                        yield k
+
+    def _check_watches(self, mutations: list[Mutation]) -> None:
+        if not self._watches:
+            return
+        keys = set(self._touched_watched_keys(mutations))
+        if not keys:
+            return
+        snap = self.store.snapshot()
+        try:
+            for k in keys:
+                current = snap.get(k)
+                for w in list(self._watches.get(k, ())):
+                    if current != w.seen:
+                        w._fire()
+        finally:
+            snap.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for ws in list(self._watches.values()):
+            for w in list(ws):
+                w._fire(KVError(1101, "database closed"))
+        self.store.close()
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+        return True
+    except RuntimeError:
+        return False

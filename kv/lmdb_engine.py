@@ -1,0 +1,274 @@
+"""The durable embedded engine: LMDB underneath the shared commit pipeline.
+
+Why LMDB: its read transactions are MVCC snapshots (exactly a read version),
+and one write transaction is crash-atomic and durable at commit (one fsync),
+which is what a group-commit batch needs. Reads run on the trio thread (a
+memory-mapped B-tree lookup, microseconds); each batch's write transaction
+and its fsync run in a worker thread so the event loop never waits on disk.
+
+Layout of the environment (directory ``PATH``):
+
+* ``data``: the user's keys and values. LMDB keys are limited to 511 bytes,
+  so a key longer than ``_SHORT`` bytes lives in a *bucket* stored under its
+  first ``_BUCKET`` (511) bytes: a CBOR list of ``[key, value]`` pairs in key
+  order. Every short key is at most 510 bytes, so buckets sort exactly where
+  their keys would (see ``_iter``), and range reads stay in key order.
+* ``meta``: ``version`` (8 bytes big-endian): the last committed version,
+  written in the same LMDB transaction as the batch, so a snapshot knows its
+  read version and a reopened engine never reuses a version.
+* ``LOCK`` / ``HOLDER`` files: one process owns the directory (``flock``);
+  a second open fails at once naming the holder from ``HOLDER``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import cbor2
+import lmdb
+import trio
+
+from .atomic import apply_atomic
+from .engine import Engine, FaultHooks, Mutation
+
+__all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
+
+_SHORT = 510       # longest key stored as itself
+_BUCKET = 511      # length of a bucket key (prefix of the long keys inside it)
+MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
+MAX_READERS = 4_096  # concurrent open transactions (each holds a read slot)
+
+
+class DataDirectoryLocked(RuntimeError):
+    """Another process (or handle) already owns this data directory."""
+
+
+class _LmdbSnapshot:
+    __slots__ = ("_txn", "_data", "version")
+
+    def __init__(self, env: lmdb.Environment, data, meta) -> None:
+        self._txn = env.begin(db=data, buffers=False)
+        self._data = data
+        raw = self._txn.get(b"version", db=meta)
+        self.version = int.from_bytes(raw, "big") if raw else 0
+
+    def get(self, key: bytes) -> bytes | None:
+        if len(key) <= _SHORT:
+            return self._txn.get(key)
+        raw = self._txn.get(key[:_BUCKET])
+        if raw is None:
+            return None
+        for k, v in cbor2.loads(raw):
+            if k == key:
+                return v
+        return None
+
+    def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        if begin >= end:
+            return out
+        for kv in _iter(self._txn.cursor(), begin, end, reverse):
+            out.append(kv)
+            if limit and len(out) >= limit:
+                break
+        return out
+
+    def close(self) -> None:
+        txn, self._txn = self._txn, None
+        if txn is not None:
+            txn.abort()
+
+
+def _expand(key: bytes, value: bytes, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    if len(key) <= _SHORT:
+        if begin <= key < end:
+            yield key, value
+        return
+    pairs = cbor2.loads(value)
+    for k, v in reversed(pairs) if reverse else pairs:
+        if begin <= k < end:
+            yield k, v
+
+
+def _iter(cur: lmdb.Cursor, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    """Pairs in [begin, end) in key order, expanding long-key buckets."""
+    if not reverse:
+        start = begin[:_BUCKET]  # a bucket below ``begin`` may hold keys >= begin
+        if not cur.set_range(start):
+            return
+        for key, value in cur:
+            if key >= end:
+                return
+            yield from _expand(key, value, begin, end, False)
+    else:
+        start = end[:_BUCKET]
+        if cur.set_range(start):
+            key = cur.key()
+            if len(key) == _BUCKET and key == start:  # the bucket of ``end`` may hold keys < end
+                yield from _expand(key, cur.value(), begin, end, True)
+            if not cur.prev():
+                return
+        elif not cur.last():
+            return
+        for key, value in cur.iterprev():
+            if len(key) <= _SHORT:
+                if key < begin:
+                    return
+            elif key < begin[:_BUCKET]:
+                return
+            yield from _expand(key, value, begin, end, True)
+
+
+class LmdbStore:
+    """LMDB-backed store: snapshots on the event loop, batches in a worker thread."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _acquire_directory(self.path)
+        try:
+            self.env = lmdb.open(
+                str(self.path), map_size=MAP_SIZE, max_dbs=4, max_readers=MAX_READERS,
+                sync=True, metasync=True, readahead=False, lock=True, subdir=True,
+            )
+            self._data = self.env.open_db(b"data")
+            self._meta = self.env.open_db(b"meta")
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        with self.env.begin(db=self._meta) as txn:
+            raw = txn.get(b"version")
+        self._version = int.from_bytes(raw, "big") if raw else 0
+        self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
+        self._closed = False
+
+    def committed_version(self) -> int:
+        return self._version
+
+    def snapshot(self) -> _LmdbSnapshot:
+        return _LmdbSnapshot(self.env, self._data, self._meta)
+
+    async def apply(self, version: int, mutations: list[Mutation]) -> None:
+        nbytes = await trio.to_thread.run_sync(self.apply_sync, version, mutations)
+        self.stats["bytes_written"] += nbytes
+
+    def apply_sync(self, version: int, mutations: list[Mutation]) -> int:
+        """One LMDB write transaction (one fsync) for the whole batch: all or nothing."""
+        assert version > self._version, (version, self._version)
+        nbytes = 0
+        with self.env.begin(write=True, db=self._data) as txn:
+            for m in mutations:
+                kind = m[0]
+                if kind == "set":
+                    _put(txn, m[1], m[2])
+                    nbytes += len(m[1]) + len(m[2])
+                elif kind == "clear":
+                    _clear(txn, m[1], m[2])
+                    nbytes += len(m[1]) + len(m[2])
+                else:
+                    _, op, key, param = m
+                    new = apply_atomic(op, _get(txn, key), param)
+                    if new is None:
+                        _delete(txn, key)
+                    else:
+                        _put(txn, key, new)
+                    nbytes += len(key) + len(param)
+            txn.put(b"version", version.to_bytes(8, "big"), db=self._meta)
+        # the context manager committed: LMDB has fsynced (sync=True)
+        self._version = version
+        self.stats["batches"] += 1
+        self.stats["fsyncs"] += 1
+        return nbytes
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.env.close()
+        try:
+            (self.path / "HOLDER").unlink(missing_ok=True)
+        finally:
+            os.close(self._lock_fd)
+
+
+def _get(txn: lmdb.Transaction, key: bytes) -> bytes | None:
+    if len(key) <= _SHORT:
+        return txn.get(key)
+    raw = txn.get(key[:_BUCKET])
+    if raw is None:
+        return None
+    for k, v in cbor2.loads(raw):
+        if k == key:
+            return v
+    return None
+
+
+def _put(txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
+    if len(key) <= _SHORT:
+        txn.put(key, value)
+        return
+    bkey = key[:_BUCKET]
+    raw = txn.get(bkey)
+    pairs = [p for p in cbor2.loads(raw) if p[0] != key] if raw else []
+    pairs.append([key, value])
+    pairs.sort(key=lambda p: p[0])
+    txn.put(bkey, cbor2.dumps(pairs))
+
+
+def _delete(txn: lmdb.Transaction, key: bytes) -> None:
+    if len(key) <= _SHORT:
+        txn.delete(key)
+        return
+    bkey = key[:_BUCKET]
+    raw = txn.get(bkey)
+    if raw is None:
+        return
+    pairs = [p for p in cbor2.loads(raw) if p[0] != key]
+    if pairs:
+        txn.put(bkey, cbor2.dumps(pairs))
+    else:
+        txn.delete(bkey)
+
+
+def _clear(txn: lmdb.Transaction, begin: bytes, end: bytes) -> None:
+    if begin >= end:
+        return
+    doomed = [k for k, _ in _iter(txn.cursor(), begin, end, False)]
+    for k in doomed:
+        _delete(txn, k)
+
+
+def _acquire_directory(path: Path) -> int:
+    """Take the directory's exclusive lock or fail at once naming its holder."""
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            holder = json.loads((path / "HOLDER").read_text())
+            who = f"pid {holder.get('pid')} on {holder.get('host')} ({holder.get('cmd')}) since {holder.get('since')}"
+        except (OSError, ValueError):
+            who = "another process (holder unknown)"
+        raise DataDirectoryLocked(f"data directory {path} is already open by {who}") from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cmd": " ".join(sys.argv)[:200] or "python",
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (path / "HOLDER").write_text(json.dumps(info))
+    return fd
+
+
+def open_lmdb_engine(path: str | os.PathLike, *, hooks: FaultHooks | None = None) -> Engine:
+    store = LmdbStore(path)
+    # Wall-clock versions: persisted versions and the clock both move forward across restarts.
+    return Engine(store, clock=time.time, hooks=hooks)

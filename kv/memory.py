@@ -1,0 +1,177 @@
+"""The memory engine: MVCC in a dict of version histories, for tests and the simulator.
+
+Not durable across processes, but *is* the "disk" of a simulated process:
+a :class:`MemoryEngine` holds the committed data and versions and outlives
+any number of :class:`~kv.Database` handles, so the simulator restarts a
+runtime by dropping its handle and calling :meth:`MemoryEngine.database`
+again on what survived.
+
+Each key keeps a short history ``[(version, value or None), ...]``; a
+snapshot at version V reads the newest entry <= V. Entries older than the
+MVCC window are compacted away, which is safe because a read version that
+old is refused with ``transaction_too_old``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import time
+from collections import deque
+from typing import Callable
+
+from sortedcontainers import SortedList
+
+from .atomic import apply_atomic
+from .engine import Engine, FaultHooks, Mutation
+from .limits import MVCC_WINDOW_VERSIONS
+
+__all__ = ["MemoryStore", "MemoryEngine"]
+
+_COMPACT_EVERY = 64  # batches between history compactions
+
+
+class _MemorySnapshot:
+    __slots__ = ("_store", "version")
+
+    def __init__(self, store: "MemoryStore", version: int) -> None:
+        self._store = store
+        self.version = version
+
+    def get(self, key: bytes) -> bytes | None:
+        hist = self._store._hist.get(key)
+        if not hist:
+            return None
+        v = self.version
+        if hist[-1][0] <= v:
+            return hist[-1][1]
+        for ver, val in reversed(hist):
+            if ver <= v:
+                return val
+        return None
+
+    def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        if begin >= end:
+            return out
+        get = self.get
+        for k in self._store._keys.irange(begin, end, inclusive=(True, False), reverse=reverse):
+            val = get(k)
+            if val is not None:
+                out.append((k, val))
+                if limit and len(out) >= limit:
+                    break
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryStore:
+    """Versioned key-value data in memory; ``apply`` is atomic by construction."""
+
+    def __init__(self, mvcc_window: int = MVCC_WINDOW_VERSIONS) -> None:
+        self._hist: dict[bytes, list[tuple[int, bytes | None]]] = {}
+        self._keys: SortedList = SortedList()
+        self._version = 0
+        self._recent: deque[tuple[int, list[bytes]]] = deque()
+        self._mvcc_window = mvcc_window
+        self._applied = 0
+        self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
+
+    def committed_version(self) -> int:
+        return self._version
+
+    def snapshot(self) -> _MemorySnapshot:
+        return _MemorySnapshot(self, self._version)
+
+    def _latest(self, key: bytes) -> bytes | None:
+        hist = self._hist.get(key)
+        return hist[-1][1] if hist else None
+
+    def _put(self, version: int, key: bytes, value: bytes | None, touched: list[bytes]) -> None:
+        hist = self._hist.get(key)
+        if hist is None:
+            if value is None:
+                return
+            self._hist[key] = [(version, value)]
+            self._keys.add(key)
+        elif hist[-1][0] == version:
+            hist[-1] = (version, value)
+        else:
+            hist.append((version, value))
+        touched.append(key)
+
+    async def apply(self, version: int, mutations: list[Mutation]) -> None:
+        self.apply_sync(version, mutations)
+
+    def apply_sync(self, version: int, mutations: list[Mutation]) -> None:
+        assert version > self._version, (version, self._version)
+        touched: list[bytes] = []
+        nbytes = 0
+        for m in mutations:
+            kind = m[0]
+            if kind == "set":
+                self._put(version, m[1], m[2], touched)
+                nbytes += len(m[1]) + len(m[2])
+            elif kind == "clear":
+                for k in list(self._keys.irange(m[1], m[2], inclusive=(True, False))):
+                    if self._latest(k) is not None:
+                        self._put(version, k, None, touched)
+                nbytes += len(m[1]) + len(m[2])
+            else:  # ("atomic", op, key, param)
+                _, op, key, param = m
+                self._put(version, key, apply_atomic(op, self._latest(key), param), touched)
+                nbytes += len(key) + len(param)
+        self._version = version
+        self._recent.append((version, touched))
+        self.stats["batches"] += 1
+        self.stats["bytes_written"] += nbytes
+        self._applied += 1
+        if self._applied % _COMPACT_EVERY == 0:
+            self._compact(version - self._mvcc_window)
+
+    def _compact(self, floor: int) -> None:
+        """Forget history no read version >= ``floor`` can see."""
+        while self._recent and self._recent[0][0] < floor:
+            _, keys = self._recent.popleft()
+            for k in keys:
+                hist = self._hist.get(k)
+                if not hist or len(hist) == 1 and hist[0][1] is not None:
+                    continue
+                # keep the newest entry <= floor and everything after it
+                versions = [v for v, _ in hist]
+                i = bisect.bisect_right(versions, floor) - 1
+                if i > 0:
+                    del hist[:i]
+                if len(hist) == 1 and hist[0][1] is None and hist[0][0] <= floor:
+                    del self._hist[k]
+                    self._keys.discard(k)
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryEngine:
+    """The memory "cluster": data, versions, resolver and pipeline in one object.
+
+    ``clock`` (seconds) drives commit versions and the MVCC window, so the
+    simulator can run it on virtual time; ``hooks`` injects faults; ``rng``
+    makes the retry backoff reproducible.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        hooks: FaultHooks | None = None,
+        rng: random.Random | None = None,
+        mvcc_window: int = MVCC_WINDOW_VERSIONS,
+    ) -> None:
+        self.store = MemoryStore(mvcc_window)
+        self.engine = Engine(self.store, clock=clock, hooks=hooks, rng=rng, mvcc_window=mvcc_window)
+
+    def database(self) -> "Database":
+        from .database import Database
+
+        return Database(self.engine, url="memory:", owns_engine=False)

@@ -1,0 +1,781 @@
+"""An embedded-engine transaction with FoundationDB's read-your-writes semantics.
+
+Reads happen at one read version (taken lazily at the first read) through a
+store snapshot, merged with the transaction's own buffered writes. Each
+non-snapshot read records a read conflict range exactly where FoundationDB
+would (ReadYourWrites.cpp): reads answered from the transaction's own sets
+and clears record none, a ``get_range`` stopped by its limit records only up
+to the last key returned. Writes are buffered as an ordered mutation log plus
+a sorted write map used to answer reads; ``commit`` ships both to the
+:class:`~kv.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Sequence
+
+import trio
+from sortedcontainers import SortedDict
+
+from . import atomic as _atomic
+from .atomic import apply_atomic
+from .engine import CommitRequest, Watch
+from .errors import KVError
+from .limits import (
+    DEFAULT_MAX_RETRY_DELAY,
+    INITIAL_BACKOFF,
+    KEY_SIZE_LIMIT,
+    SYSTEM_KEY_PREFIX,
+    TRANSACTION_SIZE_LIMIT,
+    VALUE_SIZE_LIMIT,
+)
+from .resolver import key_after
+from .selectors import KeySelector
+
+if TYPE_CHECKING:
+    from .database import Database
+
+__all__ = ["Transaction", "KeyValue", "RangeResult", "TransactionOptions"]
+
+_RANGE_PAGE = 1_000  # rows fetched from the snapshot per page when iterating
+
+# write-map entry kinds
+_SET, _CLEAR, _ATOMIC, _UNREADABLE = 0, 1, 2, 3
+
+
+class KeyValue(tuple):
+    """A (key, value) pair with ``.key`` / ``.value``, like fdb's KeyValue."""
+
+    __slots__ = ()
+
+    def __new__(cls, key: bytes, value: bytes) -> "KeyValue":
+        return tuple.__new__(cls, (key, value))
+
+    @property
+    def key(self) -> bytes:
+        return self[0]
+
+    @property
+    def value(self) -> bytes:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"KeyValue({self[0]!r}, {self[1]!r})"
+
+
+class TransactionOptions:
+    """FoundationDB-style options; timeout/retry_limit/max_retry_delay survive on_error."""
+
+    def __init__(self, tr: "Transaction") -> None:
+        self._tr = tr
+
+    def set_timeout(self, ms: int) -> None:
+        self._tr._timeout = ms / 1000 if ms else None
+
+    def set_retry_limit(self, n: int) -> None:
+        self._tr._retry_limit = n
+
+    def set_max_retry_delay(self, ms: int) -> None:
+        self._tr._max_retry_delay = ms / 1000
+
+    def set_next_write_no_write_conflict_range(self) -> None:
+        self._tr._next_write_no_conflict = True
+
+    def set_size_limit(self, nbytes: int) -> None:
+        if not 32 <= nbytes <= TRANSACTION_SIZE_LIMIT:
+            raise KVError(2006, "size_limit must be in [32, 10,000,000]")
+        self._tr._size_limit = nbytes
+
+
+def _check_write_key(key: bytes) -> None:
+    if not isinstance(key, (bytes, bytearray)):
+        raise TypeError(f"keys are bytes, not {type(key).__name__}")
+    if len(key) > KEY_SIZE_LIMIT:
+        raise KVError(2102, f"key of {len(key)} bytes exceeds {KEY_SIZE_LIMIT}")
+    if key >= SYSTEM_KEY_PREFIX:
+        raise KVError(2004, "keys at or above \\xff are outside the legal range")
+
+
+def _check_value(value: bytes) -> None:
+    if not isinstance(value, (bytes, bytearray)):
+        raise TypeError(f"values are bytes, not {type(value).__name__}")
+    if len(value) > VALUE_SIZE_LIMIT:
+        raise KVError(2103, f"value of {len(value)} bytes exceeds {VALUE_SIZE_LIMIT}")
+
+
+def _check_range(begin: bytes, end: bytes) -> None:
+    if end > SYSTEM_KEY_PREFIX or begin > SYSTEM_KEY_PREFIX:
+        raise KVError(2004, "range end beyond \\xff is outside the legal range")
+    if begin > end:
+        raise KVError(2005, "range begin is after its end")
+
+
+class _Deferred:
+    """A value that becomes ready later (versionstamp): awaitable, single-shot."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _set(self, value: Any = None, error: BaseException | None = None) -> None:
+        if not self._event.is_set():
+            self._value, self._error = value, error
+            self._event.set()
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class RangeResult:
+    """``get_range``'s result: ``await`` it for a list, or ``async for`` over it."""
+
+    def __init__(self, tr: "Transaction", begin: bytes | KeySelector, end: bytes | KeySelector,
+                 limit: int, reverse: bool, snapshot: bool) -> None:
+        self._args = (tr, begin, end, limit, reverse, snapshot)
+
+    def __await__(self):
+        tr, begin, end, limit, reverse, snapshot = self._args
+        return tr._get_range(begin, end, limit, reverse, snapshot).__await__()
+
+    async def __aiter__(self) -> AsyncIterator[KeyValue]:
+        tr, begin, end, limit, reverse, snapshot = self._args
+        begin, end = await tr._resolve_bounds(begin, end, snapshot)
+        remaining = limit
+        while True:
+            page_limit = _RANGE_PAGE if not remaining else min(remaining, _RANGE_PAGE)
+            page = await tr._get_range(begin, end, page_limit, reverse, snapshot)
+            for row in page:
+                yield row
+            if len(page) < page_limit:
+                return
+            if remaining:
+                remaining -= len(page)
+                if remaining <= 0:
+                    return
+            if reverse:
+                end = page[-1][0]
+            else:
+                begin = key_after(page[-1][0])
+
+
+class _SnapshotView:
+    """``tr.snapshot``: the same reads at the same read version, adding no read conflicts."""
+
+    def __init__(self, tr: "Transaction") -> None:
+        self._tr = tr
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._tr._get(key, snapshot=True)
+
+    def get_range(self, begin: bytes | KeySelector | None, end: bytes | KeySelector | None, *,
+                  limit: int = 0, reverse: bool = False) -> RangeResult:
+        return RangeResult(self._tr, _b(begin), _e(end), limit, reverse, True)
+
+    def get_range_startswith(self, prefix: bytes, *, limit: int = 0, reverse: bool = False) -> RangeResult:
+        return self.get_range(prefix, _strinc(prefix), limit=limit, reverse=reverse)
+
+    async def get_multi(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        return [await self._tr._get(k, snapshot=True) for k in keys]
+
+    async def get_key(self, selector: KeySelector) -> bytes:
+        return await self._tr._get_key(selector, snapshot=True)
+
+    async def get_read_version(self) -> int:
+        return await self._tr.get_read_version()
+
+
+def _b(k: bytes | KeySelector | None) -> bytes | KeySelector:
+    return b"" if k is None else k
+
+
+def _e(k: bytes | KeySelector | None) -> bytes | KeySelector:
+    return SYSTEM_KEY_PREFIX if k is None else k
+
+
+def _strinc(prefix: bytes) -> bytes:
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        raise ValueError("key must contain at least one byte not equal to 0xFF")
+    return p[:-1] + bytes([p[-1] + 1])
+
+
+class Transaction:
+    """One FoundationDB-semantics transaction on the embedded engine."""
+
+    def __init__(self, db: "Database") -> None:
+        self.db = db
+        self._engine = db._engine
+        self.options = TransactionOptions(self)
+        self.snapshot = _SnapshotView(self)
+        self._timeout: float | None = None
+        self._retry_limit: int = -1
+        self._max_retry_delay: float = DEFAULT_MAX_RETRY_DELAY
+        self._size_limit: int = TRANSACTION_SIZE_LIMIT
+        self._started = time.monotonic()
+        self._backoff = INITIAL_BACKOFF
+        self._retries = 0
+        self._reset_state()
+
+    # -- state ------------------------------------------------------------
+
+    def _reset_state(self) -> None:
+        snap = getattr(self, "_snap", None)
+        if snap is not None:
+            snap.close()
+        self._snap = None
+        self._read_version: int | None = None
+        self._writes: SortedDict = SortedDict()   # key -> (kind, payload)
+        self._clears: list[tuple[bytes, bytes]] = []  # disjoint, sorted
+        self._clear_begins: list[bytes] = []
+        self._mutations: list[tuple] = []
+        self._stamped: list[tuple[int, str, bytes, bytes, int]] = []
+        self._unreadable_ranges: list[tuple[bytes, bytes]] = []
+        self._read_ranges: list[tuple[bytes, bytes]] = []
+        self._write_ranges: list[tuple[bytes, bytes]] = []
+        self._size = 0
+        self._next_write_no_conflict = False
+        self._committing = False
+        self._committed_version: int | None = None
+        self._cancelled = False
+        self._watches: list[Watch] = []
+        old = getattr(self, "_versionstamp", None)
+        if old is not None:
+            old._set(error=KVError(1025, "transaction was reset"))
+        self._versionstamp: _Deferred | None = None
+
+    def reset(self) -> None:
+        """Forget everything, as a new transaction (options other than the persistent ones reset)."""
+        for w in getattr(self, "_watches", ()):
+            w._fire(KVError(1025, "transaction was reset before its watch was armed"))
+        self._reset_state()
+        self._started = time.monotonic()
+        self._backoff = INITIAL_BACKOFF
+        self._retries = 0
+        self._size_limit = TRANSACTION_SIZE_LIMIT
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        for w in self._watches:
+            w._fire(KVError(1025))
+        if self._versionstamp is not None:
+            self._versionstamp._set(error=KVError(1025))
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
+
+    def __del__(self) -> None:
+        snap = getattr(self, "_snap", None)
+        if snap is not None:
+            try:
+                snap.close()
+            except Exception:
+                pass
+
+    def _check_usable(self) -> None:
+        if self._cancelled:
+            raise KVError(1025)
+        if self._committing:
+            raise KVError(2017)
+        if self._committed_version is not None:
+            raise KVError(2000, "transaction already committed; reset() it to reuse")
+        if self._timeout is not None and time.monotonic() - self._started > self._timeout:
+            raise KVError(1031)
+
+    # -- reads ------------------------------------------------------------
+
+    def _ensure_snapshot(self):
+        snap = self._snap
+        if snap is None:
+            snap = self._snap = self._engine.store.snapshot()
+            self._read_version = self._engine.read_version_for(snap.version)
+        else:
+            self._engine.check_read_version(self._read_version)
+        return snap
+
+    async def get_read_version(self) -> int:
+        self._check_usable()
+        self._ensure_snapshot()
+        return self._read_version  # type: ignore[return-value]
+
+    def _cleared(self, key: bytes) -> bool:
+        i = bisect.bisect_right(self._clear_begins, key) - 1
+        return i >= 0 and key < self._clears[i][1]
+
+    def _check_readable(self, begin: bytes, end: bytes) -> None:
+        for b, e in self._unreadable_ranges:
+            if b < end and begin < e:
+                raise KVError(1036, "range includes a versionstamped key written by this transaction")
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._get(key, snapshot=False)
+
+    async def get_multi(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        return [await self._get(k, snapshot=False) for k in keys]
+
+    async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
+        self._check_usable()
+        if key >= SYSTEM_KEY_PREFIX:
+            raise KVError(2004, "keys at or above \\xff are outside the legal range")
+        if len(key) > KEY_SIZE_LIMIT:
+            return None  # as FoundationDB: such a key cannot exist
+        self._engine.hooks.on_read(self)
+        entry = self._writes.get(key)
+        if entry is not None:
+            kind, payload = entry
+            if kind == _SET:
+                return payload
+            if kind == _CLEAR:
+                return None
+            if kind == _UNREADABLE:
+                raise KVError(1036, "key has a versionstamped value written by this transaction")
+        elif self._unreadable_ranges:
+            self._check_readable(key, key_after(key))
+        if entry is None and self._clears and self._cleared(key):
+            return None
+        snap = self._ensure_snapshot()
+        value = snap.get(key)
+        if not snapshot:
+            self._read_ranges.append((key, key_after(key)))
+        if entry is not None:  # atomic ops on an unknown base: apply them to what we read
+            for op, param in entry[1]:
+                value = apply_atomic(op, value, param)
+        return value
+
+    def get_range(self, begin: bytes | KeySelector | None, end: bytes | KeySelector | None, *,
+                  limit: int = 0, reverse: bool = False) -> RangeResult:
+        return RangeResult(self, _b(begin), _e(end), limit, reverse, False)
+
+    def get_range_startswith(self, prefix: bytes, *, limit: int = 0, reverse: bool = False) -> RangeResult:
+        return self.get_range(prefix, _strinc(prefix), limit=limit, reverse=reverse)
+
+    async def _resolve_bounds(self, begin: bytes | KeySelector, end: bytes | KeySelector,
+                              snapshot: bool) -> tuple[bytes, bytes]:
+        if isinstance(begin, KeySelector):
+            begin = await self._get_key(begin, snapshot)
+        if isinstance(end, KeySelector):
+            end = await self._get_key(end, snapshot)
+        return begin, end
+
+    async def _get_range(self, begin: bytes | KeySelector, end: bytes | KeySelector, limit: int,
+                         reverse: bool, snapshot: bool) -> list[KeyValue]:
+        self._check_usable()
+        if limit < 0:
+            raise KVError(2000, "limit must be >= 0")
+        begin, end = await self._resolve_bounds(begin, end, snapshot)
+        if end > SYSTEM_KEY_PREFIX:
+            raise KVError(2004, "range end beyond \\xff is outside the legal range")
+        if begin >= end:
+            return []
+        self._engine.hooks.on_read(self)
+        if self._unreadable_ranges:
+            self._check_readable(begin, end)
+        rows = self._merged_range(begin, end, limit, reverse)
+        if not snapshot:
+            if limit and len(rows) >= limit:
+                if reverse:
+                    self._add_read_range(rows[-1][0], end)
+                else:
+                    self._add_read_range(begin, key_after(rows[-1][0]))
+            else:
+                self._add_read_range(begin, end)
+        return rows
+
+    def _add_read_range(self, begin: bytes, end: bytes) -> None:
+        """Record [begin, end) minus the parts this transaction cleared (answered from its writes)."""
+        if not self._clears:
+            self._read_ranges.append((begin, end))
+            return
+        cur = begin
+        for cb, ce in self._clears:
+            if ce <= cur:
+                continue
+            if cb >= end:
+                break
+            if cb > cur:
+                self._read_ranges.append((cur, cb))
+            cur = max(cur, ce)
+            if cur >= end:
+                return
+        if cur < end:
+            self._read_ranges.append((cur, end))
+
+    def _merged_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
+        """The store's rows in [begin, end) overlaid with this transaction's writes."""
+        snap = self._ensure_snapshot()
+        writes = self._writes
+        wkeys = list(writes.irange(begin, end, inclusive=(True, False), reverse=reverse))
+        if not wkeys and not self._clears:
+            return [KeyValue(k, v) for k, v in snap.range(begin, end, reverse, limit)]
+        out: list[KeyValue] = []
+        wi = 0
+        lo, hi = begin, end
+        page = max(limit * 2, 64) if limit else 0
+        while True:
+            stored = snap.range(lo, hi, reverse, page)
+            exhausted = not page or len(stored) < page
+            for k, v in stored:
+                # write-map keys that sort before this stored key come first
+                while wi < len(wkeys) and (wkeys[wi] > k if reverse else wkeys[wi] < k):
+                    row = self._write_row(wkeys[wi], None, snap)
+                    wi += 1
+                    if row is not None:
+                        out.append(row)
+                        if limit and len(out) >= limit:
+                            return out
+                if wi < len(wkeys) and wkeys[wi] == k:
+                    row = self._write_row(k, v, snap)
+                    wi += 1
+                elif self._clears and self._cleared(k):
+                    row = None
+                else:
+                    row = KeyValue(k, v)
+                if row is not None:
+                    out.append(row)
+                    if limit and len(out) >= limit:
+                        return out
+            if exhausted:
+                break
+            if reverse:
+                hi = stored[-1][0]
+            else:
+                lo = key_after(stored[-1][0])
+        while wi < len(wkeys):
+            row = self._write_row(wkeys[wi], None, snap)
+            wi += 1
+            if row is not None:
+                out.append(row)
+                if limit and len(out) >= limit:
+                    break
+        return out
+
+    def _write_row(self, key: bytes, stored: bytes | None, snap) -> KeyValue | None:
+        kind, payload = self._writes[key]
+        if kind == _SET:
+            return KeyValue(key, payload)
+        if kind == _CLEAR:
+            return None
+        if kind == _UNREADABLE:
+            raise KVError(1036, "range includes a versionstamped value written by this transaction")
+        value = stored if stored is not None or not self._cleared(key) else None
+        if stored is None and not self._cleared(key):
+            value = snap.get(key)
+        for op, param in payload:
+            value = apply_atomic(op, value, param)
+        return None if value is None else KeyValue(key, value)
+
+    async def get_key(self, selector: KeySelector) -> bytes:
+        return await self._get_key(selector, snapshot=False)
+
+    async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
+        self._check_usable()
+        self._engine.hooks.on_read(self)
+        ref = sel.key
+        if ref > SYSTEM_KEY_PREFIX:
+            ref = SYSTEM_KEY_PREFIX
+        if sel.offset <= 0:
+            # walk backwards from the anchor (last key < ref, or <= ref)
+            hi = key_after(ref) if sel.or_equal else ref
+            need = 1 - sel.offset
+            rows = self._merged_range(b"", hi, need, True) if hi > b"" else []
+            result = rows[need - 1][0] if len(rows) >= need else b""
+            lo_conf = result
+            hi_conf = hi
+        else:
+            lo = key_after(ref) if sel.or_equal else ref
+            need = sel.offset
+            rows = self._merged_range(lo, SYSTEM_KEY_PREFIX, need, False) if lo < SYSTEM_KEY_PREFIX else []
+            result = rows[need - 1][0] if len(rows) >= need else SYSTEM_KEY_PREFIX
+            lo_conf = lo
+            hi_conf = key_after(result) if result < SYSTEM_KEY_PREFIX else SYSTEM_KEY_PREFIX
+        if not snapshot and lo_conf < hi_conf:
+            self._add_read_range(lo_conf, hi_conf)
+        return result
+
+    # -- writes -----------------------------------------------------------
+
+    def _add_write_range(self, begin: bytes, end: bytes) -> None:
+        if self._next_write_no_conflict:
+            self._next_write_no_conflict = False
+            return
+        self._write_ranges.append((begin, end))
+        self._size += len(begin) + len(end)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._check_usable()
+        _check_write_key(key)
+        _check_value(value)
+        key, value = bytes(key), bytes(value)
+        self._writes[key] = (_SET, value)
+        self._mutations.append(("set", key, value))
+        self._size += len(key) + len(value)
+        self._add_write_range(key, key_after(key))
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.set(key, value)
+
+    def clear(self, key: bytes) -> None:
+        self._check_usable()
+        _check_write_key(key)
+        key = bytes(key)
+        self._writes[key] = (_CLEAR, None)
+        self._mutations.append(("clear", key, key_after(key)))
+        self._size += 2 * len(key) + 1
+        self._add_write_range(key, key_after(key))
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_usable()
+        begin, end = bytes(begin), bytes(end)
+        _check_range(begin, end)
+        if begin == end:
+            return
+        for k in list(self._writes.irange(begin, end, inclusive=(True, False))):
+            del self._writes[k]
+        self._merge_clear(begin, end)
+        self._mutations.append(("clear", begin, end))
+        self._size += len(begin) + len(end)
+        self._add_write_range(begin, end)
+
+    def clear_range_startswith(self, prefix: bytes) -> None:
+        self.clear_range(prefix, _strinc(prefix))
+
+    def _merge_clear(self, begin: bytes, end: bytes) -> None:
+        merged: list[tuple[bytes, bytes]] = []
+        placed = False
+        for b, e in self._clears:
+            if e < begin or b > end:
+                if b > end and not placed:
+                    merged.append((begin, end))
+                    placed = True
+                merged.append((b, e))
+            else:
+                begin, end = min(b, begin), max(e, end)
+        if not placed:
+            merged.append((begin, end))
+        merged.sort()
+        self._clears = merged
+        self._clear_begins = [b for b, _ in merged]
+
+    def _atomic(self, op: int, key: bytes, param: bytes) -> None:
+        self._check_usable()
+        _check_write_key(key)
+        _check_value(param)
+        key, param = bytes(key), bytes(param)
+        entry = self._writes.get(key)
+        if entry is None and self._clears and self._cleared(key):
+            entry = (_CLEAR, None)
+        if entry is None:
+            self._writes[key] = (_ATOMIC, [(op, param)])
+        elif entry[0] == _ATOMIC:
+            entry[1].append((op, param))
+        elif entry[0] == _UNREADABLE:
+            self._writes[key] = (_ATOMIC, [(op, param)])
+        else:
+            new = apply_atomic(op, entry[1] if entry[0] == _SET else None, param)
+            self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
+        self._mutations.append(("atomic", op, key, param))
+        self._size += len(key) + len(param)
+        self._add_write_range(key, key_after(key))
+
+    def add(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.ADD, key, param)
+
+    def bit_and(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.BIT_AND, key, param)
+
+    def bit_or(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.BIT_OR, key, param)
+
+    def bit_xor(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.BIT_XOR, key, param)
+
+    def max(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.MAX, key, param)
+
+    def min(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.MIN, key, param)
+
+    def byte_min(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.BYTE_MIN, key, param)
+
+    def byte_max(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.BYTE_MAX, key, param)
+
+    def append_if_fits(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.APPEND_IF_FITS, key, param)
+
+    def compare_and_clear(self, key: bytes, param: bytes) -> None:
+        self._atomic(_atomic.COMPARE_AND_CLEAR, key, param)
+
+    @staticmethod
+    def _split_offset(param: bytes, what: str) -> tuple[bytes, int]:
+        if len(param) < 4:
+            raise KVError(2000, f"versionstamped {what} needs a 4-byte offset suffix")
+        body, offset = param[:-4], struct.unpack("<I", param[-4:])[0]
+        if offset + 10 > len(body):
+            raise KVError(2000, f"versionstamp offset {offset} does not fit the {what} of {len(body)} bytes")
+        return body, offset
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        """Write ``value`` at ``key`` with 10 bytes at the suffix offset replaced by the versionstamp."""
+        self._check_usable()
+        if len(key) < 14:
+            raise KVError(2000, "a versionstamped key needs at least 14 bytes (10 + 4-byte offset)")
+        body, offset = self._split_offset(bytes(key), "key")
+        _check_write_key(body)
+        _check_value(value)
+        index = len(self._mutations)
+        self._mutations.append(("set", body, bytes(value)))  # replaced at resolve time
+        self._stamped.append((index, "key", body, bytes(value), offset))
+        low = body[:offset] + b"\x00" * 10 + body[offset + 10 :]
+        high = body[:offset] + b"\xff" * 10 + body[offset + 10 :]
+        self._unreadable_ranges.append((low, key_after(high)))
+        self._size += len(body) + len(value)
+        # its write conflict is added on the final key at commit
+        self._next_write_no_conflict = False
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        self._check_usable()
+        _check_write_key(key)
+        body, offset = self._split_offset(bytes(value), "value")
+        _check_value(body)
+        key = bytes(key)
+        index = len(self._mutations)
+        self._mutations.append(("set", key, body))
+        self._stamped.append((index, "value", key, body, offset))
+        self._writes[key] = (_UNREADABLE, None)
+        self._size += len(key) + len(body)
+        self._add_write_range(key, key_after(key))
+
+    # -- conflict ranges --------------------------------------------------
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._check_usable()
+        _check_range(begin, end)
+        if begin < end:
+            self._add_read_range(bytes(begin), bytes(end))
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        self.add_read_conflict_range(key, key_after(key))
+
+    def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._check_usable()
+        _check_range(begin, end)
+        if begin < end:
+            self._write_ranges.append((bytes(begin), bytes(end)))
+            self._size += len(begin) + len(end)
+
+    def add_write_conflict_key(self, key: bytes) -> None:
+        self.add_write_conflict_range(key, key_after(key))
+
+    # -- watches and versionstamps ---------------------------------------
+
+    def watch(self, key: bytes) -> Watch:
+        """A :class:`Watch` on ``key``; armed when this transaction commits."""
+        self._check_usable()
+        if key >= SYSTEM_KEY_PREFIX:
+            raise KVError(2004)
+        w = Watch(self._engine, bytes(key))
+        self._watches.append(w)
+        return w
+
+    def get_versionstamp(self) -> _Deferred:
+        """Awaitable 10-byte versionstamp of this transaction, ready after commit."""
+        if self._versionstamp is None:
+            self._versionstamp = _Deferred()
+        return self._versionstamp
+
+    def get_committed_version(self) -> int:
+        if self._committed_version is None:
+            raise KVError(2000, "transaction has not committed")
+        return self._committed_version
+
+    # -- commit and retry -------------------------------------------------
+
+    async def commit(self) -> None:
+        self._check_usable()
+        engine = self._engine
+        # Values the watches compare against: what this transaction saw or wrote.
+        for w in self._watches:
+            w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
+        size = self._size + sum(len(b) + len(e) for b, e in self._read_ranges)
+        if size > self._size_limit:
+            raise KVError(2101, f"transaction of {size} bytes exceeds {self._size_limit}")
+        if not self._mutations and not self._write_ranges:
+            self._finish(-1, None)
+            return
+        engine.hooks.before_commit(self)
+        read_version = self._read_version if self._read_version is not None else engine.committed_version()
+        req = CommitRequest(
+            read_version=read_version,
+            read_ranges=self._read_ranges,
+            write_ranges=list(self._write_ranges),
+            mutations=self._mutations,
+            stamped=self._stamped,
+            size=size,
+            tag=self,
+        )
+        if self._snap is not None:  # release the storage snapshot before waiting
+            self._snap.close()
+            self._snap = None
+        self._committing = True
+        try:
+            await engine.commit(req)
+        except BaseException as exc:
+            self._committing = False
+            err = exc if isinstance(exc, KVError) else None
+            for w in self._watches:
+                w._fire(err or KVError(1101, "commit did not complete"))
+            if self._versionstamp is not None:
+                self._versionstamp._set(error=err or KVError(1101))
+            raise
+        self._committing = False
+        self._finish(req.version, req.stamp)
+
+    def _finish(self, version: int, stamp: bytes | None) -> None:
+        self._committed_version = version
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
+        for w in self._watches:
+            self._engine.arm_watch(w)
+        if self._versionstamp is not None:
+            if stamp is None:
+                self._versionstamp._set(error=KVError(2021, "read-only transactions have no versionstamp"))
+            else:
+                self._versionstamp._set(stamp)
+
+    async def on_error(self, error: BaseException | int) -> None:
+        """FoundationDB's retry step: back off and reset for a retryable error, else re-raise."""
+        if isinstance(error, int):
+            error = KVError(error)
+        if not isinstance(error, KVError):
+            raise error
+        if not error.retryable:
+            raise error
+        if self._retry_limit >= 0 and self._retries >= self._retry_limit:
+            raise error
+        if error.code in (1007, 1009):
+            delay = min(INITIAL_BACKOFF, self._max_retry_delay)
+        else:
+            delay = self._backoff * self._engine.random.random()
+            self._backoff = min(self._backoff * 2, self._max_retry_delay)
+        self._retries += 1
+        await trio.sleep(delay)
+        started, backoff, retries = self._started, self._backoff, self._retries
+        for w in self._watches:
+            w._fire(error)
+        self._reset_state()
+        self._started, self._backoff, self._retries = started, backoff, retries
+        self._size_limit = TRANSACTION_SIZE_LIMIT
+        if self._timeout is not None and time.monotonic() - self._started > self._timeout:
+            raise KVError(1031)

@@ -1,0 +1,1 @@
+"""ledger — see ARCHITECTURE in README.md."""

@@ -1,0 +1,1 @@
+"""server — see ARCHITECTURE in README.md."""

@@ -1,0 +1,1 @@
+"""sessions — see ARCHITECTURE in README.md."""

@@ -1,0 +1,1 @@
+"""sim — see ARCHITECTURE in README.md."""

@@ -1,6 +1,25 @@
 """loop — the agent loop: agents, model providers, tools, retry, compaction, approvals, recovery.
 
-Public face (phase 1; the durable Runtime lands on top of sessions/ and ledger/):
+The embedded Runtime (what the server builds HTTP on)::
+
+    async with Runtime.open("./surefoot-data", workers=4) as rt:
+        ack = await rt.submit(agent, conversation, "hello", submission_id=key)
+        #   -> Acknowledgement(submission_id, run_id, cursor, status, conversation, duplicate, outcome)
+        outcome = await rt.wait(ack)            # or: outcome = await rt.run(agent, conversation, "hello")
+        async for ev in rt.events(conversation, after=ack.cursor, owner=tag): ...   # replay, then live
+        page = await rt.read_events(conversation, after=cursor)                   # one page, no waiting
+        await rt.cancel(run_id)                 # durable, cooperative
+        await rt.approve(run_id, call_id, allow=True, reason="ok")
+        info = await rt.get_run(run_id)         # RunInfo(status, attempt, outcome, pending_approvals, ...)
+        messages = await rt.transcript(conversation)
+        new_id = await rt.fork(conversation, at=4)
+        await rt.serve(workers=8)               # more claim loops, until cancelled
+
+Every method takes ``owner=`` (an owner tag ``"realm/subject"``; default
+``local/default``); a foreign run or conversation is the same NotFound as a
+missing one.
+
+Building blocks:
 
 * :class:`Agent`, :func:`tool`, :class:`Tool`, :class:`Hooks`, :class:`ToolContext`
 * providers: :func:`make_provider` / :func:`parse_model_spec` (``echo``,
@@ -24,8 +43,16 @@ from .errors import (
 )
 from .providers import EchoModel, ScriptedModel, make_provider, parse_model_spec
 from .retry import RetryPolicy
+from .runtime import Acknowledgement, NotFound, Outcome, RunInfo, Runtime
+from .store import ApprovalError
 
 __all__ = [
+    "Runtime",
+    "Acknowledgement",
+    "Outcome",
+    "RunInfo",
+    "NotFound",
+    "ApprovalError",
     "Agent",
     "Tool",
     "tool",

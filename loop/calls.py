@@ -83,13 +83,17 @@ async def call_model(
     on_retry: Callable[[RetryNotice], Awaitable[None]] | None = None,
     clock: Clock = SYSTEM_CLOCK,
     retries_done: int = 0,
+    resume_at: float | None = None,
 ) -> Message:
     """The assistant message of one model call, after transient retries.
 
     ``retries_done`` resumes a retry sequence interrupted by a crash (the
     durable loop knows it from the journal), so a restart does not grant a
-    fresh set of retries.
+    fresh set of retries, and ``resume_at`` (the persisted ``nextAttemptAt``)
+    makes it wait out the backoff that was running when the process died.
     """
+    if resume_at is not None:
+        await clock.sleep_until(resume_at)
     attempt = retries_done + 1
     max_attempts = 1 + policy.max_retries
     while True:

@@ -1,0 +1,141 @@
+"""Compaction: what the model sees once a conversation outgrows its context.
+
+The transcript always keeps the full history.  A compaction *appends* an
+entry ``{"role": "compaction", "summary": ..., "upto": cut}`` saying
+"messages [0, cut) are summarised by this text"; :func:`model_context` then
+builds the next call's input as the summary (a user turn) followed by the
+messages from ``cut`` on, skipping the loop's own records.  Nothing is
+rewritten, so a crash mid-compaction leaves either no entry or the whole
+entry, and forks at any position see a consistent history.
+
+The cut is chosen so the model never sees a tool result without the call
+that asked for it: it falls on a user or assistant message, never on a tool
+result, and keeps at least ``keep_recent`` messages verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from .messages import MODEL_ROLES, Message, text_of, user
+from .providers.scripted import estimate_tokens
+
+__all__ = [
+    "COMPACTION_SYSTEM",
+    "SUMMARY_PREFIX",
+    "model_context",
+    "last_compaction",
+    "estimate_context_tokens",
+    "choose_cut",
+    "summary_request",
+    "compaction_entry",
+    "MAX_RENDERED_CHARS",
+]
+
+COMPACTION_SYSTEM = (
+    "You are compacting a conversation so it can continue in a smaller context. "
+    "Write a faithful, dense summary of the conversation below: the user's goals, "
+    "decisions made, facts learned (including tool results that still matter), and "
+    "open questions. Do not add anything that is not in the conversation."
+)
+SUMMARY_PREFIX = "[Summary of the earlier conversation]\n"
+# The rendered history handed to the summariser is cut to this many characters
+# (its tail is what matters most; a summary of a summary keeps the head).
+MAX_RENDERED_CHARS = 400_000
+
+assert MAX_RENDERED_CHARS > 0
+
+
+def last_compaction(messages: Sequence[Message]) -> tuple[int, Message] | None:
+    """(index, entry) of the newest compaction entry, if any."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "compaction":
+            return i, messages[i]
+    return None
+
+
+def model_context(messages: Sequence[Message]) -> list[Message]:
+    """The messages a model call sends: summary + history after the cut, model roles only."""
+    lc = last_compaction(messages)
+    if lc is None:
+        return [m for m in messages if m.get("role") in MODEL_ROLES]
+    _, entry = lc
+    cut = int(entry.get("upto", 0))
+    out: list[Message] = [user(SUMMARY_PREFIX + str(entry.get("summary", "")))]
+    out.extend(m for m in messages[cut:] if m.get("role") in MODEL_ROLES)
+    return out
+
+
+def estimate_context_tokens(system: str, context: Sequence[Message], tools_schema_chars: int = 0) -> int:
+    n = estimate_tokens(system) + tools_schema_chars // 4
+    for m in context:
+        n += 4 + estimate_tokens(text_of(m))
+        for p in m.get("content") or ():
+            if p.get("type") == "tool_call":
+                n += estimate_tokens(json.dumps(p.get("arguments") or {}))
+            elif p.get("type") == "tool_result":
+                n += estimate_tokens(str(p.get("content") or ""))
+    return n
+
+
+def choose_cut(messages: Sequence[Message], keep_recent: int) -> int | None:
+    """Where the next compaction should cut, or None when nothing can be compacted.
+
+    The cut is past the previous compaction's cut, leaves ``keep_recent``
+    model messages after it, and lands on a user or assistant message (never
+    between a tool call and its result).
+    """
+    lc = last_compaction(messages)
+    prev = int(lc[1].get("upto", 0)) if lc else 0
+    model_idx = [i for i, m in enumerate(messages) if m.get("role") in MODEL_ROLES and i >= prev]
+    if len(model_idx) <= keep_recent:
+        # Not enough to keep a tail: compact all but the newest user turn onward.
+        keep_recent = 1
+    candidates = model_idx[: max(0, len(model_idx) - keep_recent) + 1]
+    for i in reversed(candidates):
+        if i > prev and messages[i].get("role") in ("user", "assistant"):
+            return i
+    return None
+
+
+def _render(m: Message) -> str:
+    role = m.get("role")
+    lines = []
+    t = text_of(m)
+    if t:
+        lines.append(f"{role}: {t}")
+    for p in m.get("content") or ():
+        if p.get("type") == "tool_call":
+            lines.append(f"{role} called {p.get('name')}({json.dumps(p.get('arguments') or {}, ensure_ascii=False)})")
+        elif p.get("type") == "tool_result":
+            status = "error" if p.get("is_error") else "result"
+            lines.append(f"tool {p.get('name')} {status}: {p.get('content')}")
+    return "\n".join(lines)
+
+
+def summary_request(messages: Sequence[Message], cut: int) -> list[Message]:
+    """The summariser's input: the previous summary (if any) and messages up to ``cut``, as text."""
+    lc = last_compaction(messages[:cut]) or last_compaction(messages)
+    prev_cut = 0
+    parts: list[str] = []
+    if lc is not None and int(lc[1].get("upto", 0)) <= cut:
+        prev_cut = int(lc[1].get("upto", 0))
+        parts.append(SUMMARY_PREFIX + str(lc[1].get("summary", "")))
+    for m in messages[prev_cut:cut]:
+        if m.get("role") in MODEL_ROLES:
+            r = _render(m)
+            if r:
+                parts.append(r)
+    text = "\n\n".join(parts)
+    if len(text) > MAX_RENDERED_CHARS:
+        head = MAX_RENDERED_CHARS // 4
+        text = text[:head] + "\n[...]\n" + text[-(MAX_RENDERED_CHARS - head) :]
+    return [user("Summarise this conversation:\n\n" + text)]
+
+
+def compaction_entry(summary: str, cut: int, *, reason: str, usage: dict[str, Any] | None = None) -> Message:
+    e: Message = {"role": "compaction", "summary": summary, "upto": cut, "reason": reason}
+    if usage:
+        e["usage"] = usage
+    return e

@@ -1,0 +1,775 @@
+"""The durable loop: one claimed run, driven from wherever storage says it stands.
+
+A worker that claims a run builds a :class:`Runner`, which reads the run's
+loop state (:mod:`loop.keyspace`) and the conversation's transcript, and
+then repeats, until the run settles or parks:
+
+* a tool call without a result -> run it (or finalise it as ``interrupted``
+  when an earlier attempt started it, or park for approval);
+* an assistant message without tool calls -> the final answer: validate,
+  settle ``completed``;
+* otherwise -> a model call, streamed into the journal, retried on
+  transient errors (each retry a ``run.retry-pending`` event persisted
+  *before* the wait), compacted once on overflow.
+
+Every write is one transaction that checks the run's lease (ledger fencing:
+a worker whose lease was taken over fails its next write and stops), reads
+the cancel record (a cancel is seen at every boundary), and is guarded by
+the loop state's version + token (a retry after ``commit_unknown_result``
+recognises its own commit).  Messages are appended to the transcript as they
+end, each in the transaction that journals it.  A storage failure aborts the
+turn (the lease lapses; the run is re-claimed and resumes from storage).
+
+A tool's effect and its result cannot commit atomically, so the runner
+records ``started`` for a call (with ``tool.started``) *before* running it;
+an attempt that finds ``started`` without a result finalises the call as
+``interrupted`` and lets the model decide — it never runs the tool again
+(promise 3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+
+import trio
+
+import kv
+from sessions import events as E
+
+from . import messages as M
+from .agents import Agent, Hooks, ModelCallInfo, ToolCallInfo, ToolContext
+from .calls import RetryNotice, call_model
+from .compaction import (
+    COMPACTION_SYSTEM,
+    choose_cut,
+    compaction_entry,
+    estimate_context_tokens,
+    model_context,
+    summary_request,
+)
+from .errors import (
+    ContextOverflowError,
+    ProviderError,
+    ResultSchemaError,
+)
+from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, CALL_DONE, CALL_STARTED, LoopState
+from .schema import validate
+from .stream import FLUSH_INTERVAL, PartCoalescer
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .store import Claim
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Runner", "RunStopped", "parse_result", "MAX_EVENT_TEXT"]
+
+# Text carried inside a journal event (tool results, messages); the full value
+# is in the transcript, the event says where (``seq``).
+MAX_EVENT_TEXT = 8_000
+
+assert MAX_EVENT_TEXT < 80_000
+
+
+class RunStopped(Exception):
+    """Internal: this worker stops driving the run (parked, settled elsewhere, state moved)."""
+
+
+class _StateMoved(Exception):
+    """The loop state changed under us although our lease check passed (should not happen)."""
+
+
+def _clip(text: str, limit: int = MAX_EVENT_TEXT) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def parse_result(text: str, schema: Any) -> Any:
+    """The final answer as a value of ``schema``: JSON (optionally in a ``` fence), validated.
+
+    A schema of type string accepts the raw text as is.
+    """
+    if isinstance(schema, dict) and schema.get("type") == "string":
+        errors = validate(text, schema)
+        if errors:
+            raise ResultSchemaError("; ".join(errors))
+        return text
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+        body = body.rsplit("```", 1)[0]
+    try:
+        value = json.loads(body)
+    except ValueError as e:
+        raise ResultSchemaError(f"final answer is not JSON: {e}") from None
+    errors = validate(value, schema)
+    if errors:
+        raise ResultSchemaError("; ".join(errors))
+    return value
+
+
+class Runner:
+    """Drives one claimed run until it settles, parks, or this worker loses it."""
+
+    def __init__(self, rt: "Runtime", claim: "Claim", agent: Agent) -> None:
+        self.rt = rt
+        self.store = rt.store
+        self.claim = claim
+        self.agent = agent
+        self.run_id = claim.run_id
+        self.owner = claim.owner
+        self.conv = claim.conversation
+        self.provider = rt.provider_for(agent)
+        self.state: LoopState | None = None
+        self.messages: list[dict[str, Any]] = []
+        self.head = 0
+        self.cancel_event = trio.Event()
+        self._lock = trio.Lock()  # one commit at a time (flusher vs. main)
+        self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
+        self._model_scope: trio.CancelScope | None = None
+        self._lease_lost = False
+
+    # ------------------------------------------------------------------ entry
+
+    async def execute(self) -> None:
+        """Drive the run; returns when it settled, parked, or was lost (all logged).
+
+        Nothing escapes the service nursery but bugs: the drive's expected
+        endings are handled inside it (trio wraps anything leaving a nursery
+        in an ExceptionGroup).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_lease, nursery.cancel_scope)
+            nursery.start_soon(self._watch_cancel)
+            try:
+                await self._drive()
+            except RunStopped as e:
+                log.debug("run %s: stopped driving (%s)", self.run_id, e)
+            except self.store.LeaseLost as e:
+                log.warning("run %s: lease lost (%s); another worker owns it now", self.run_id, e)
+            except kv.KVError as e:
+                # A storage failure aborts the turn: the lease lapses, the run is re-claimed.
+                log.error("run %s: storage failure %s; turn aborted", self.run_id, e)
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.store.release(self.claim)
+                    except Exception:  # noqa: BLE001 — best effort, the lease expires anyway
+                        pass
+            finally:
+                nursery.cancel_scope.cancel()
+        if self._lease_lost:
+            log.warning("run %s: lease lost during renewal; stopped", self.run_id)
+
+    async def _keep_lease(self, scope: trio.CancelScope) -> None:
+        interval = max(0.05, self.store.lease_seconds / 3)
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.store.renew(self.claim)
+            except self.store.LeaseLost:
+                self._lease_lost = True
+                scope.cancel()
+                return
+            except kv.KVError as e:  # try again; if it keeps failing the next write fails LeaseLost
+                log.warning("run %s: lease renewal failed: %s", self.run_id, e)
+
+    async def _watch_cancel(self) -> None:
+        while True:
+            try:
+                await self.store.wait_cancel_requested(self.run_id)
+                self._note_cancel()
+                return
+            except kv.KVError as e:
+                log.warning("run %s: cancel watch failed: %s", self.run_id, e)
+                await trio.sleep(1.0)
+
+    def _note_cancel(self) -> None:
+        if not self.cancel_event.is_set():
+            self.cancel_event.set()
+            if self._model_scope is not None:
+                self._model_scope.cancel()
+
+    # ------------------------------------------------------------------ commits
+
+    async def _commit(
+        self,
+        mutate: Callable[[LoopState], None] | None = None,
+        *,
+        append: Sequence[dict[str, Any]] = (),
+        events: Callable[[int], Sequence[tuple[str, Any]]] | Sequence[tuple[str, Any]] = (),
+        extra: Callable[[Any, LoopState], Awaitable[None]] | None = None,
+    ) -> None:
+        """One guarded, lease-checked transaction: append, update the loop state, journal.
+
+        ``events`` may be a function of the first appended message's sequence
+        number.  Guard: the state's ``ver`` must be what this runner last
+        wrote; a matching ``tok`` at ``ver + 1`` means an earlier attempt of
+        this very transaction committed (1021), and nothing is applied twice.
+        """
+        assert self.state is not None
+        async with self._lock:
+            token = os.urandom(8)
+            expected_ver = self.state.ver
+            first_seq = self.head
+            store = self.store
+
+            async def fn(tr: Any) -> LoopState:
+                await store.check_lease(tr, self.claim)
+                raw = await tr.get(store.loop_keys.state(self.run_id))
+                st = LoopState.from_bytes(raw) if raw is not None else None
+                if st is None or st.ver != expected_ver:
+                    if st is not None and st.ver == expected_ver + 1 and st.tok == token:
+                        return st  # our own commit, seen again after commit_unknown_result
+                    raise _StateMoved(f"loop state of {self.run_id} moved")
+                if await store.cancel_requested(tr, self.run_id):
+                    self._note_cancel()
+                if append:
+                    await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq)
+                if mutate is not None:
+                    mutate(st)
+                st.ver += 1
+                st.tok = token
+                tr.set(store.loop_keys.state(self.run_id), st.to_bytes())
+                evs = events(first_seq) if callable(events) else events
+                for typ, data in evs:
+                    await store.journal.emit(tr, self.owner, self.conv, typ, data)
+                if extra is not None:
+                    await extra(tr, st)
+                return st
+
+            try:
+                # Shielded: a commit cancelled half-way would leave us unsure
+                # whether it landed; commits are short, so let each finish.
+                with trio.CancelScope(shield=True):
+                    self.state = await self.store.db.transact(fn)
+            except _StateMoved as e:
+                raise RunStopped(str(e)) from None
+            self.messages.extend(dict(m) for m in append)
+            self.head += len(append)
+
+    def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+        out = []
+        for i, m in enumerate(msgs):
+            data: dict[str, Any] = {"run_id": self.run_id, "seq": first_seq + i, "role": m.get("role")}
+            encoded = len(json.dumps(m, default=str))
+            if encoded <= MAX_EVENT_TEXT:
+                data["message"] = m
+            else:
+                data["truncated"] = True
+                data["text"] = _clip(M.text_of(m))
+            out.append((E.MESSAGE_ADDED, data))
+        return out
+
+    # ------------------------------------------------------------------ begin / recovery
+
+    async def _begin(self) -> None:
+        store = self.store
+        raw = await store.db.transact(lambda tr: tr.get(store.loop_keys.state(self.run_id)))  # read-only
+        self.messages = await store.read_transcript(self.owner, self.conv)
+        self.head = len(self.messages)
+        if raw is None:
+            await self._begin_fresh()
+        else:
+            self.state = LoopState.from_bytes(raw)
+            await self._recover()
+
+    async def _begin_fresh(self) -> None:
+        """First claim: repair what earlier runs left dangling, append the user message, start."""
+        store = self.store
+        repairs = _dangling_results(self.messages, 0, reason="interrupted")
+        user_msg = _user_message(self.claim.delivery)
+        appended = repairs + [user_msg]
+        first_seq = self.head
+        state = LoopState(self.owner, self.conv, self.agent.name, user_seq=first_seq + len(repairs))
+        token = os.urandom(8)
+        state.ver, state.tok = 1, token
+
+        async def fn(tr: Any) -> LoopState:
+            await store.check_lease(tr, self.claim)
+            raw = await tr.get(store.loop_keys.state(self.run_id))
+            if raw is not None:
+                st = LoopState.from_bytes(raw)
+                if st.tok == token:
+                    return st  # committed before a 1021
+                raise RunStopped("loop state appeared concurrently")
+            await store.ensure_session(tr, self.owner, self.conv)
+            await store.transcripts.append_tr(tr, self.owner, self.conv, appended, expected_head=first_seq)
+            tr.set(store.loop_keys.state(self.run_id), state.to_bytes())
+            await store.journal.emit(
+                tr, self.owner, self.conv, E.RUN_STARTED,
+                {"run_id": self.run_id, "attempt": self.claim.attempt, "agent": self.agent.name},
+            )
+            for typ, data in self._message_events(first_seq, appended):
+                await store.journal.emit(tr, self.owner, self.conv, typ, data)
+            return state
+
+        self.state = await store.db.transact(fn)
+        self.messages.extend(appended)
+        self.head += len(appended)
+
+    async def _recover(self) -> None:
+        """A later claim: finalise calls an earlier attempt started, then continue."""
+        assert self.state is not None
+        st = self.state
+        a = _last_assistant(self.messages, st.user_seq)
+        interrupted: list[dict[str, Any]] = []
+        if a is not None:
+            answered = _answered(self.messages, a)
+            for call in M.tool_calls_of(self.messages[a]):
+                cid = call["id"]
+                if cid in answered:
+                    continue
+                if (st.calls.get(cid) or {}).get("state") == CALL_STARTED:
+                    interrupted.append(
+                        M.tool_results([M.tool_result(
+                            cid, call["name"],
+                            "The tool call was interrupted (the process running it stopped before it returned). "
+                            "It may or may not have taken effect; it was not run again.",
+                            is_error=True, reason="interrupted",
+                        )])
+                    )
+        ids = [m["content"][0]["call_id"] for m in interrupted]
+
+        def mutate(s: LoopState) -> None:
+            for cid in ids:
+                s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_DONE, "reason": "interrupted"}
+
+        def events(first_seq: int) -> list[tuple[str, Any]]:
+            out: list[tuple[str, Any]] = [
+                (E.RUN_STARTED, {"run_id": self.run_id, "attempt": self.claim.attempt, "agent": self.agent.name,
+                                 "resumed": True, "interrupted": ids})
+            ]
+            for m in interrupted:
+                p = m["content"][0]
+                out.append((E.TOOL_COMPLETED, {"run_id": self.run_id, "call_id": p["call_id"], "name": p["name"],
+                                               "is_error": True, "reason": "interrupted", "content": p["content"]}))
+            out.extend(self._message_events(first_seq, interrupted))
+            return out
+
+        await self._commit(mutate, append=interrupted, events=events)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _drive(self) -> None:
+        await self._begin()
+        while True:
+            if self.cancel_event.is_set():
+                await self._finish_cancelled()
+                return
+            assert self.state is not None
+            a = _last_assistant(self.messages, self.state.user_seq)
+            if a is not None:
+                calls = M.tool_calls_of(self.messages[a])
+                answered = _answered(self.messages, a)
+                pending = [c for c in calls if c["id"] not in answered]
+                if pending:
+                    await self._run_tool(a, pending[0], pending[1:])
+                    continue
+                if not calls:
+                    await self._finish_completed(self.messages[a], a)
+                    return
+            await self._model_step()
+
+    # ------------------------------------------------------------------ model calls
+
+    async def _model_step(self) -> None:
+        st = self.state
+        assert st is not None
+        agent = self.agent
+        if st.model_calls >= agent.max_model_calls:
+            await self._fail({"kind": "max_model_calls", "message": f"the run made {st.model_calls} model calls, the limit"})
+            return
+        context = model_context(self.messages)
+        specs = agent.tool_specs()
+        if agent.compact_at_tokens is not None:
+            est = estimate_context_tokens(agent.instructions, context)
+            if est > agent.compact_at_tokens and choose_cut(self.messages, agent.keep_recent) is not None:
+                await self._compact("threshold")
+                context = model_context(self.messages)
+        info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
+        await Hooks.call(agent.hooks.before_model_call if agent.hooks else None, info)
+        estimate = estimate_context_tokens(info.system, info.messages) + (agent.max_tokens or 0)
+        refusal = await self.store.reserve(self.claim, estimate)
+        if refusal is not None:
+            await self._fail({"kind": "usage_limit", "message": refusal})
+            return
+        coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
+        msg: dict[str, Any] | None = None
+        error: ProviderError | None = None
+        flush_error: list[BaseException] = []
+        with trio.CancelScope() as scope:
+            self._model_scope = scope
+            if self.cancel_event.is_set():
+                scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._flusher, coalescer, scope, flush_error)
+                try:
+                    msg = await call_model(
+                        self.provider,
+                        system=info.system,
+                        messages=info.messages,
+                        tools=info.tools,
+                        max_tokens=agent.max_tokens,
+                        policy=agent.retry,
+                        on_event=coalescer.add,
+                        on_retry=self._on_retry,
+                        clock=self.rt.clock,
+                        retries_done=st.retries,
+                        resume_at=st.next_attempt_at,
+                    )
+                except ProviderError as e:
+                    error = e
+                except (RunStopped, kv.KVError, self.store.LeaseLost) as e:
+                    flush_error.append(e)
+                finally:
+                    nursery.cancel_scope.cancel()
+        self._model_scope = None
+        if flush_error:
+            raise flush_error[0]
+        if msg is None and error is None:
+            return  # cancelled mid-call: the loop's next boundary finalises
+        if error is not None:
+            if isinstance(error, ContextOverflowError) and agent.retry.should_compact(error, st.compactions):
+                if choose_cut(self.messages, agent.keep_recent) is not None:
+                    await self._flush(coalescer)
+                    await self._compact("overflow")
+                    return
+            await self._flush(coalescer)
+            await self._fail(error.to_dict(), error_message=True)
+            return
+        assert msg is not None
+        await self._model_done(msg, coalescer)
+
+    async def _flusher(self, coalescer: PartCoalescer, scope: trio.CancelScope, errors: list[BaseException]) -> None:
+        """Flush streamed parts every FLUSH_INTERVAL; a failed flush stops the call (and is re-raised)."""
+        try:
+            while True:
+                await trio.sleep(FLUSH_INTERVAL)
+                if coalescer.pending:
+                    await self._flush(coalescer)
+        except (RunStopped, kv.KVError, self.store.LeaseLost) as e:
+            errors.append(e)
+            scope.cancel()
+
+    async def _flush(self, coalescer: PartCoalescer) -> None:
+        items = coalescer.take()
+        if items:
+            await self._commit(events=items)
+
+    async def _on_retry(self, n: RetryNotice) -> None:
+        attempt_next = n.attempt + 1
+
+        def mutate(s: LoopState) -> None:
+            s.retries = n.attempt
+            s.next_attempt_at = n.next_attempt_at
+
+        await self._commit(
+            mutate,
+            events=[(E.RUN_RETRY_PENDING, {
+                "run_id": self.run_id,
+                "attempt": attempt_next,
+                "maxAttempts": n.max_attempts,
+                "nextAttemptAt": n.next_attempt_at,
+                "delay": n.delay,
+                "error": n.error.to_dict(),
+            })],
+        )
+
+    async def _model_done(self, msg: dict[str, Any], coalescer: PartCoalescer) -> None:
+        """Persist the assistant message (and its usage) as it ends; settle if it is final."""
+        st = self.state
+        assert st is not None
+        call_no = st.model_calls + 1
+        usage = msg.get("usage") or {}
+        calls = M.tool_calls_of(msg)
+        start_first = self._startable(calls[0]) if calls else None
+        final_outcome: dict[str, Any] | None = None
+        appended = [msg]
+        if not calls:
+            final_outcome, error_msg = self._final_outcome(msg)
+            if error_msg is not None:
+                appended = [msg, error_msg]
+
+        def mutate(s: LoopState) -> None:
+            s.model_calls = call_no
+            s.retries, s.next_attempt_at, s.compactions = 0, None, 0
+            if start_first is not None:
+                s.calls[start_first["id"]] = {"state": CALL_STARTED, "name": start_first["name"]}
+
+        def events(first_seq: int) -> list[tuple[str, Any]]:
+            out = list(coalescer.take())
+            out.extend(self._message_events(first_seq, appended))
+            if usage:
+                out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": f"model-{call_no}", "usage": usage}))
+            if start_first is not None:
+                out.append(self._tool_started_event(start_first))
+            return out
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            if usage:
+                await self.store.record_usage(tr, self.claim, f"model-{call_no}", usage)
+            if final_outcome is not None:
+                await self.store.settle(tr, self.claim, final_outcome)
+
+        await self._commit(mutate, append=appended, events=events, extra=extra)
+        if start_first is not None:
+            self._started_here.add(start_first["id"])
+        if final_outcome is not None:
+            raise RunStopped(f"settled {final_outcome['status']}")
+
+    def _final_outcome(self, msg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        text = M.text_of(msg)
+        schema = self.claim.result_schema
+        if schema:
+            try:
+                value = parse_result(text, schema)
+            except ResultSchemaError as e:
+                err = {"kind": "result_schema", "message": f"final answer does not match the result schema: {e}"}
+                return {"status": "failed", "error": err}, {"role": "error", "error": err}
+            return {"status": "completed", "result": value, "text": text}, None
+        return {"status": "completed", "result": text, "text": text}, None
+
+    async def _compact(self, reason: str) -> None:
+        cut = choose_cut(self.messages, self.agent.keep_recent)
+        assert cut is not None
+        request = summary_request(self.messages, cut)
+        summary_msg = await call_model(
+            self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],
+            max_tokens=self.agent.max_tokens, policy=self.agent.retry, clock=self.rt.clock,
+        )
+        usage = summary_msg.get("usage") or {}
+        entry = compaction_entry(M.text_of(summary_msg), cut, reason=reason, usage=usage)
+        st = self.state
+        assert st is not None
+        step = f"compact-{st.model_calls + 1}-{st.compactions + 1}"
+
+        def mutate(s: LoopState) -> None:
+            if reason == "overflow":
+                s.compactions += 1
+            s.retries, s.next_attempt_at = 0, None
+
+        def events(first_seq: int) -> list[tuple[str, Any]]:
+            out = [(E.CONTEXT_COMPACTED, {"run_id": self.run_id, "seq": first_seq, "upto": cut, "reason": reason})]
+            out.extend(self._message_events(first_seq, [entry]))
+            if usage:
+                out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": step, "usage": usage}))
+            return out
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            if usage:
+                await self.store.record_usage(tr, self.claim, step, usage)
+
+        await self._commit(mutate, append=[entry], events=events, extra=extra)
+
+    # ------------------------------------------------------------------ tools
+
+    def _startable(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """``call`` if it can be marked started right away (known, valid, no approval, not cancelled)."""
+        t = self.agent.get_tool(call["name"])
+        if t is None or t.requires_approval or self.cancel_event.is_set():
+            return None
+        if t.check_arguments(call.get("arguments")):
+            return None
+        return call
+
+    def _tool_started_event(self, call: dict[str, Any]) -> tuple[str, Any]:
+        return (E.TOOL_STARTED, {"run_id": self.run_id, "call_id": call["id"], "name": call["name"],
+                                 "arguments": call.get("arguments") or {}})
+
+    async def _run_tool(self, a: int, call: dict[str, Any], rest: list[dict[str, Any]]) -> None:
+        st = self.state
+        assert st is not None
+        cid, name = call["id"], call["name"]
+        args = call.get("arguments") or {}
+        cstate = (st.calls.get(cid) or {}).get("state")
+        t = self.agent.get_tool(name)
+        if cstate == CALL_STARTED and cid not in self._started_here:
+            # Started by an attempt that died: _recover normally handled it; be safe.
+            await self._tool_result(call, "The tool call was interrupted; it was not run again.", True, "interrupted", rest)
+            return
+        if t is None:
+            await self._tool_result(call, f"Unknown tool {name!r}.", True, "unknown_tool", rest)
+            return
+        errors = t.check_arguments(args)
+        if errors:
+            await self._tool_result(call, "Invalid arguments: " + "; ".join(errors), True, "invalid_arguments", rest)
+            return
+        if self.cancel_event.is_set():
+            return  # the loop finalises as cancelled
+        if t.requires_approval and cstate not in (CALL_APPROVED, CALL_DENIED, CALL_STARTED):
+            await self._park(call)
+            return
+        if cstate == CALL_DENIED:
+            reason = (st.calls.get(cid) or {}).get("reason") or "denied"
+            await self._tool_result(call, f"The call was not approved: {reason}", True, "denied", rest)
+            return
+        if cid not in self._started_here:
+            def mutate(s: LoopState) -> None:
+                s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_STARTED, "name": name}
+
+            await self._commit(mutate, events=[self._tool_started_event(call)])
+            self._started_here.add(cid)
+        ctx = ToolContext(
+            run_id=self.run_id, conversation=self.conv, call_id=cid, tool_name=name,
+            attempt=self.claim.attempt, step_impl=self._step_impl, cancel_event=self.cancel_event,
+        )
+        try:
+            value = await t.invoke(args, ctx)
+            content, is_error = M.result_text(value), False
+        except Exception as e:  # noqa: BLE001 — a tool's failure is a result the model sees
+            log.info("run %s: tool %s raised %r", self.run_id, name, e)
+            content, is_error = f"{type(e).__name__}: {e}", True
+        hook_info = ToolCallInfo(self.agent, self.run_id, self.conv, cid, name, dict(args), content, is_error)
+        await Hooks.call(self.agent.hooks.after_tool if self.agent.hooks else None, hook_info)
+        await self._tool_result(call, hook_info.content, hook_info.is_error, hook_info.reason, rest)
+
+    async def _step_impl(self, name: str, fn: Callable[[], Any]) -> Any:
+        return await self.store.step(self.claim, name, fn)
+
+    async def _tool_result(
+        self, call: dict[str, Any], content: str, is_error: bool, reason: str | None, rest: list[dict[str, Any]]
+    ) -> None:
+        """Persist one tool result; in the same transaction start the next call when possible."""
+        cid, name = call["id"], call["name"]
+        msg = M.tool_results([M.tool_result(cid, name, content, is_error=is_error, reason=reason)])
+        nxt = self._startable(rest[0]) if rest else None
+        if nxt is not None and (self.state.calls.get(nxt["id"]) or {}).get("state") is not None:  # type: ignore[union-attr]
+            nxt = None
+
+        def mutate(s: LoopState) -> None:
+            s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_DONE, "name": name}
+            if reason:
+                s.calls[cid]["reason"] = reason
+            if nxt is not None:
+                s.calls[nxt["id"]] = {"state": CALL_STARTED, "name": nxt["name"]}
+
+        def events(first_seq: int) -> list[tuple[str, Any]]:
+            done: dict[str, Any] = {"run_id": self.run_id, "call_id": cid, "name": name, "is_error": is_error,
+                                    "content": _clip(content), "seq": first_seq}
+            if reason:
+                done["reason"] = reason
+            out = [(E.TOOL_COMPLETED, done)]
+            out.extend(self._message_events(first_seq, [msg]))
+            if nxt is not None:
+                out.append(self._tool_started_event(nxt))
+            return out
+
+        await self._commit(mutate, append=[msg], events=events)
+        if nxt is not None:
+            self._started_here.add(nxt["id"])
+
+    async def _park(self, call: dict[str, Any]) -> None:
+        cid, name = call["id"], call["name"]
+
+        def mutate(s: LoopState) -> None:
+            s.calls[cid] = {"state": CALL_APPROVAL, "name": name}
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            await self.store.park(tr, self.claim, [cid])
+
+        await self._commit(
+            mutate,
+            events=[(E.APPROVAL_REQUESTED, {"run_id": self.run_id, "call_id": cid, "name": name,
+                                            "arguments": call.get("arguments") or {}})],
+            extra=extra,
+        )
+        raise RunStopped("parked for approval")
+
+    # ------------------------------------------------------------------ endings
+
+    async def _fail(self, error: dict[str, Any], *, error_message: bool = True) -> None:
+        outcome = {"status": "failed", "error": error}
+        appended = [{"role": "error", "error": error}] if error_message else []
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            await self.store.settle(tr, self.claim, outcome)
+
+        await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
+        raise RunStopped("settled failed")
+
+    async def _finish_completed(self, msg: dict[str, Any], a: int) -> None:
+        """Recovery path: the final answer was persisted but the run not settled."""
+        outcome, error_msg = self._final_outcome(msg)
+        appended = [error_msg] if error_msg is not None else []
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            await self.store.settle(tr, self.claim, outcome)
+
+        await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
+        raise RunStopped(f"settled {outcome['status']}")
+
+    async def _finish_cancelled(self) -> None:
+        st = self.state
+        assert st is not None
+        a = _last_assistant(self.messages, st.user_seq)
+        results = _dangling_results(self.messages, a if a is not None else len(self.messages), reason="cancelled",
+                                    text="The run was cancelled before this call ran.", started=st.calls,
+                                    started_text="The run was cancelled while this call ran; it may have taken effect.")
+        outcome = {"status": "cancelled"}
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            await self.store.settle(tr, self.claim, outcome)
+
+        await self._commit(append=results, events=lambda seq: self._message_events(seq, results), extra=extra)
+        raise RunStopped("settled cancelled")
+
+
+# ---------------------------------------------------------------------- transcript helpers
+
+
+def _user_message(delivery: Any) -> dict[str, Any]:
+    msg = delivery.get("message") if isinstance(delivery, dict) else delivery
+    if isinstance(msg, str):
+        return M.user(msg)
+    if isinstance(msg, dict) and msg.get("role") == "user":
+        return dict(msg)
+    raise ValueError(f"a delivery's message is a string or a user message, got {type(msg).__name__}")
+
+
+def _last_assistant(messages: Sequence[dict[str, Any]], start: int) -> int | None:
+    for i in range(len(messages) - 1, max(start, 0) - 1, -1):
+        role = messages[i].get("role")
+        if role == "assistant":
+            return i
+        if role == "user":
+            return None  # a user message after the last answer: the model speaks next
+    return None
+
+
+def _answered(messages: Sequence[dict[str, Any]], a: int) -> set[str]:
+    out = set()
+    for m in messages[a + 1 :]:
+        if m.get("role") == "tool":
+            for p in m.get("content") or ():
+                if p.get("type") == "tool_result":
+                    out.add(p["call_id"])
+    return out
+
+
+def _dangling_results(
+    messages: Sequence[dict[str, Any]],
+    start: int,
+    *,
+    reason: str,
+    text: str = "The tool call was interrupted; it was not run again.",
+    started: dict[str, Any] | None = None,
+    started_text: str | None = None,
+) -> list[dict[str, Any]]:
+    """Synthetic error results for every tool call from ``start`` on that has none."""
+    answered: set[str] = set()
+    calls: list[dict[str, Any]] = []
+    for m in messages[start:]:
+        if m.get("role") == "assistant":
+            calls.extend(M.tool_calls_of(m))
+        elif m.get("role") == "tool":
+            answered.update(p["call_id"] for p in m.get("content") or () if p.get("type") == "tool_result")
+    out = []
+    for c in calls:
+        if c["id"] in answered:
+            continue
+        was_started = started is not None and (started.get(c["id"]) or {}).get("state") == CALL_STARTED
+        body = started_text if (was_started and started_text) else text
+        out.append(M.tool_results([M.tool_result(c["id"], c["name"], body, is_error=True, reason=reason)]))
+    return out

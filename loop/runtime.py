@@ -1,0 +1,368 @@
+"""The embedded Runtime: the loop's public face over storage.
+
+    async with Runtime.open("./data") as rt:            # any kv url; memory: for tests
+        outcome = await rt.run(agent, "conv-1", "hello")  # submit + wait for the settled outcome
+        ack = await rt.submit(agent, "conv-1", "more")    # durable acknowledgement, no waiting
+        async for ev in rt.events("conv-1", after=ack.cursor): ...
+        await rt.cancel(ack.run_id)
+        await rt.approve(run_id, call_id, allow=True, reason="ok")
+
+Opening a runtime starts ``workers`` claim loops in its nursery (default 1)
+and recovers what a crash left: the embedded engine is owned by one process,
+so leases held by earlier incarnations of this data directory are void and
+their runs are re-claimed at once (dangling tool calls are finalised as
+``interrupted`` by the run's next attempt).  ``await rt.serve(workers=N)``
+runs more claim loops until cancelled (the server profile).
+
+Agents are configuration, not data: a run records its agent's *name* (and
+its model spec and instructions when the model is a spec string), and a
+worker runs it with the agent registered under that name (``agents=[...]``
+at open, or any agent passed to ``run``/``submit``).  A run whose agent is
+unknown to this process runs with an agent rebuilt from that record, with
+no tools (its tool calls get ``unknown_tool`` results).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import trio
+
+import kv
+from sessions import events as E
+
+from .agents import Agent
+from .calls import SYSTEM_CLOCK, Clock
+from .errors import LoopError
+from .providers import Provider, make_provider
+from .runner import Runner
+from .store import Claim, Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Runtime", "Acknowledgement", "Outcome", "RunInfo", "DEFAULT_URL", "DEFAULT_WORKERS", "NotFound"]
+
+DEFAULT_URL = "./surefoot-data"
+DEFAULT_WORKERS = 1
+# Idle claim loops look for work at least this often (another process may have
+# submitted, a lease may have expired); in-process submissions wake them at once.
+IDLE_POLL_SECONDS = 0.5
+MAX_WORKERS = 1_024
+
+assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0
+
+SETTLED = {E.RUN_COMPLETED: "completed", E.RUN_FAILED: "failed", E.RUN_CANCELLED: "cancelled"}
+
+
+class NotFound(LoopError):
+    """No such run / conversation for this owner (a foreign one looks the same)."""
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """What ``submit`` returns once the submission is durable."""
+
+    submission_id: str
+    run_id: str
+    cursor: str | None  # journal position of the run's run.queued event (resume events after it)
+    status: str  # "queued" | "running" | "parked" | a settled status for a duplicate submission
+    conversation: str
+    duplicate: bool = False
+    outcome: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A settled run: ``status`` completed | failed | cancelled."""
+
+    run_id: str
+    status: str
+    result: Any = None
+    text: str | None = None
+    error: Mapping[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    @classmethod
+    def from_record(cls, run_id: str, outcome: Mapping[str, Any]) -> "Outcome":
+        return cls(run_id, outcome.get("status", "unknown"), outcome.get("result"), outcome.get("text"), outcome.get("error"))
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    conversation: str
+    status: str  # queued | running | parked | completed | failed | cancelled
+    attempt: int
+    agent: str | None
+    submission_id: str | None
+    created: float | None
+    outcome: Mapping[str, Any] | None = None
+    pending_approvals: Sequence[str] = field(default_factory=tuple)
+
+
+class Runtime:
+    """The embedded profile.  Construct with :meth:`open`."""
+
+    def __init__(
+        self,
+        db: Any,
+        *,
+        owner: str | None = None,
+        clock: Clock | None = None,
+        root: kv.Subspace | None = None,
+        lease_seconds: float | None = None,
+        agents: Sequence[Agent] = (),
+        max_attempts: int | None = None,
+        journal_retention: int | None = None,
+        void_leases_on_open: bool = True,
+    ) -> None:
+        self.db = db
+        self.clock = clock or SYSTEM_CLOCK
+        self.store = Store(
+            db,
+            root=root,
+            clock=self.clock,
+            lease_seconds=lease_seconds,
+            max_attempts=max_attempts,
+            journal_retention=journal_retention,
+        )
+        self.owner = owner or self.store.default_owner
+        self._agents: dict[str, Agent] = {}
+        self._providers: dict[str, Provider] = {}
+        self._work = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._void_leases = void_leases_on_open
+        self.worker_prefix = f"w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._worker_seq = 0
+        for a in agents:
+            self.register(a)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        url: str = DEFAULT_URL,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        db: Any = None,
+        **kw: Any,
+    ) -> AsyncIterator["Runtime"]:
+        """``async with Runtime.open(url) as rt``: open storage, recover, start ``workers`` claim loops.
+
+        ``db`` passes an already-open kv database instead of a url (not closed on exit).
+        """
+        assert 0 <= workers <= MAX_WORKERS
+        own_db = db is None
+        if db is None:
+            db = await kv.open(url)
+        try:
+            rt = cls(db, **kw)
+            async with trio.open_nursery() as nursery:
+                rt._nursery = nursery
+                await rt.store.start(nursery)
+                if rt._void_leases:
+                    n = await rt.store.recover_after_restart()
+                    if n:
+                        log.info("recovered %d run(s) left running by an earlier process", n)
+                for _ in range(workers):
+                    nursery.start_soon(rt._claim_loop)
+                try:
+                    yield rt
+                finally:
+                    nursery.cancel_scope.cancel()
+                    for p in list(rt._providers.values()):
+                        with trio.CancelScope(shield=True):
+                            try:
+                                await p.aclose()
+                            except Exception:  # noqa: BLE001
+                                pass
+        finally:
+            if own_db:
+                await db.close()
+
+    async def serve(self, workers: int = 4) -> None:
+        """Run ``workers`` more claim loops until cancelled (the server profile)."""
+        assert 0 < workers <= MAX_WORKERS
+        async with trio.open_nursery() as nursery:
+            for _ in range(workers):
+                nursery.start_soon(self._claim_loop)
+
+    # ------------------------------------------------------------------ agents
+
+    def register(self, agent: Agent) -> Agent:
+        """Make ``agent`` the one runs naming it execute with (replacing an earlier one)."""
+        old = self._agents.get(agent.name)
+        if old is not None and old is not agent:
+            self._providers.pop(agent.name, None)
+        self._agents[agent.name] = agent
+        return agent
+
+    def provider_for(self, agent: Agent) -> Provider:
+        p = self._providers.get(agent.name)
+        if p is None:
+            p = make_provider(agent.model)
+            self._providers[agent.name] = p
+        return p
+
+    def _agent_for(self, claim: Claim) -> Agent:
+        d = claim.delivery if isinstance(claim.delivery, Mapping) else {}
+        name = d.get("agent") or "default"
+        a = self._agents.get(name)
+        if a is not None:
+            return a
+        log.warning("run %s: agent %r is not registered here; running it without tools", claim.run_id, name)
+        a = Agent(name, d.get("instructions") or "", d.get("model") or "echo")
+        self._agents[name] = a
+        return a
+
+    # ------------------------------------------------------------------ submitting
+
+    async def submit(
+        self,
+        agent: Agent,
+        conversation: str,
+        message: str | Mapping[str, Any],
+        *,
+        submission_id: str | None = None,
+        result_schema: Mapping[str, Any] | None = None,
+        owner: str | None = None,
+        policy: str = "queue",
+    ) -> Acknowledgement:
+        """Durably accept a run; returns once the acknowledgement is committed.
+
+        The same ``submission_id`` with the same request returns the same run
+        (or its settled outcome); with a different request it is a conflict
+        (the ledger's ``SubmissionConflict``).
+        """
+        self.register(agent)
+        delivery: dict[str, Any] = {"agent": agent.name, "message": message if isinstance(message, str) else dict(message)}
+        if isinstance(agent.model, str):
+            delivery["model"] = agent.model
+            delivery["instructions"] = agent.instructions
+        ack = await self.store.submit(
+            owner or self.owner,
+            conversation,
+            submission_id or uuid.uuid4().hex,
+            delivery,
+            dict(result_schema) if result_schema else None,
+            policy=policy,
+        )
+        self._wake()
+        return ack
+
+    async def run(
+        self,
+        agent: Agent,
+        conversation: str,
+        message: str | Mapping[str, Any],
+        *,
+        submission_id: str | None = None,
+        result_schema: Mapping[str, Any] | None = None,
+        owner: str | None = None,
+    ) -> Outcome:
+        """Submit and wait until the run settles; returns its :class:`Outcome` (never raises for a failed run)."""
+        ack = await self.submit(
+            agent, conversation, message, submission_id=submission_id, result_schema=result_schema, owner=owner
+        )
+        return await self.wait(ack, owner=owner)
+
+    async def wait(self, ack: Acknowledgement, *, owner: str | None = None) -> Outcome:
+        """Wait for an acknowledged run to settle (following the journal from its cursor)."""
+        if ack.outcome is not None:
+            return Outcome.from_record(ack.run_id, ack.outcome)
+        info = await self.get_run(ack.run_id, owner=owner)
+        if info.outcome is not None:
+            return Outcome.from_record(ack.run_id, info.outcome)
+        async for ev in self.events(ack.conversation, after=ack.cursor, owner=owner):
+            if ev.type in SETTLED and (ev.data or {}).get("run_id") == ack.run_id:
+                info = await self.get_run(ack.run_id, owner=owner)
+                return Outcome.from_record(ack.run_id, info.outcome or {"status": SETTLED[ev.type]})
+        raise AssertionError("unreachable: the journal follow never ends")
+
+    # ------------------------------------------------------------------ reading
+
+    async def events(
+        self, conversation: str, after: str | None = None, *, owner: str | None = None
+    ) -> AsyncIterator[Any]:
+        """The conversation's journal: replay after ``after``, then live, forever (cancel to stop).
+
+        Each event has ``cursor``, ``type``, ``data``, ``ts``.  Raises the
+        journal's ``CursorBehind`` (with ``first_retained``) when the cursor
+        fell behind retention.
+        """
+        async for ev in self.store.journal.follow(owner or self.owner, conversation, after):
+            yield ev
+
+    async def read_events(self, conversation: str, after: str | None = None, *, limit: int = 256, owner: str | None = None) -> Any:
+        """One page of the journal (no waiting): the journal's ``JournalPage``."""
+        return await self.store.journal.read(owner or self.owner, conversation, after, limit)
+
+    async def get_run(self, run_id: str, *, owner: str | None = None) -> RunInfo:
+        return await self.store.get_run(run_id, owner or self.owner)
+
+    async def transcript(self, conversation: str, *, start: int = 0, owner: str | None = None) -> list[dict[str, Any]]:
+        """The conversation's messages from ``start`` (the full history, compaction entries included)."""
+        return await self.store.read_transcript(owner or self.owner, conversation, start)
+
+    async def fork(self, conversation: str, at: int, *, new_conversation: str | None = None, owner: str | None = None) -> str:
+        """A new conversation holding messages [0, at) of ``conversation``; returns its id."""
+        info = await self.store.transcripts.fork(owner or self.owner, conversation, at, new_session_id=new_conversation)
+        return info.id
+
+    async def conversations(self, *, owner: str | None = None) -> list[str]:
+        return await self.store.transcripts.list(owner or self.owner)
+
+    async def runs(self, conversation: str | None = None, *, owner: str | None = None) -> list[RunInfo]:
+        return await self.store.list_runs(owner or self.owner, conversation)
+
+    # ------------------------------------------------------------------ control
+
+    async def cancel(self, run_id: str, *, owner: str | None = None) -> RunInfo:
+        """Durably request cancellation; a queued or parked run settles cancelled promptly."""
+        info = await self.store.cancel(run_id, owner or self.owner)
+        self._wake()
+        return info
+
+    async def approve(
+        self, run_id: str, call_id: str, allow: bool = True, reason: str | None = None, *, owner: str | None = None
+    ) -> None:
+        """Resolve a parked approval (works after a restart: nothing is held in memory)."""
+        await self.store.resolve_approval(run_id, owner or self.owner, call_id, allow, reason)
+        self._wake()
+
+    # ------------------------------------------------------------------ workers
+
+    def _wake(self) -> None:
+        self._work.set()
+
+    async def _claim_loop(self) -> None:
+        self._worker_seq += 1
+        worker = f"{self.worker_prefix}-{self._worker_seq}"
+        while True:
+            try:
+                claim = await self.store.claim(worker)
+            except kv.KVError as e:
+                log.warning("%s: claim failed: %s", worker, e)
+                claim = None
+                await trio.sleep(IDLE_POLL_SECONDS)
+            if claim is None:
+                event = self._work
+                with trio.move_on_after(IDLE_POLL_SECONDS):
+                    await event.wait()
+                if self._work.is_set():
+                    self._work = trio.Event()
+                continue
+            self._work.set()  # there may be more: let another idle loop look too
+            self._work = trio.Event()
+            agent = self._agent_for(claim)
+            await Runner(self, claim, agent).execute()

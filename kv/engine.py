@@ -111,6 +111,7 @@ class CommitRequest:
     stamp: bytes | None = None
     error: BaseException | None = None
     done: bool = False
+    wakeup: Any = None  # trio.Event set when done or chosen to lead the next batch
 
 
 class Watch:
@@ -180,7 +181,6 @@ class Engine:
         self._applying_version: int | None = None
         self._pending: list[CommitRequest] = []
         self._writing = False
-        self._batch_done = trio.Event() if _in_trio() else None
         self._watches: dict[bytes, set[Watch]] = {}
         self._watch_count = 0
         self.closed = False
@@ -227,11 +227,14 @@ class Engine:
 
         Shielded: once a commit is handed to the pipeline it may or may not
         happen, so the caller must not be able to walk away half-way.
+
+        Each waiter parks on its own event, woken either because its batch is
+        done or because it was chosen to lead the next batch, so finishing a
+        batch wakes exactly its members plus one new leader (no herd).
         """
         if self.closed:
             raise KVError(2000, "database is closed")
-        if self._batch_done is None:
-            self._batch_done = trio.Event()
+        req.wakeup = trio.Event()
         self._pending.append(req)
         with trio.CancelScope(shield=True):
             while not req.done:
@@ -241,10 +244,11 @@ class Engine:
                         await self._write_one_batch()
                     finally:
                         self._writing = False
-                        done, self._batch_done = self._batch_done, trio.Event()
-                        done.set()
+                        if self._pending:  # hand the pipeline to the next waiter
+                            self._pending[0].wakeup.set()
                 else:
-                    await self._batch_done.wait()
+                    await req.wakeup.wait()
+                    req.wakeup = trio.Event()
         if req.error is not None:
             raise req.error
 
@@ -314,6 +318,7 @@ class Engine:
                 if req.error is None:
                     req.error = exc
                 req.done = True
+                req.wakeup.set()
             if not isinstance(exc, Exception):
                 raise
             return
@@ -323,6 +328,7 @@ class Engine:
                 if req in failures:
                     req.error = failures[req]
             req.done = True
+            req.wakeup.set()
 
     # -- watches ----------------------------------------------------------
 
@@ -393,10 +399,3 @@ class Engine:
                 w._fire(KVError(1101, "database closed"))
         self.store.close()
 
-
-def _in_trio() -> bool:
-    try:
-        trio.lowlevel.current_task()
-        return True
-    except RuntimeError:
-        return False

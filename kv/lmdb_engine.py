@@ -25,8 +25,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -126,6 +128,59 @@ def _iter(cur: lmdb.Cursor, begin: bytes, end: bytes, reverse: bool) -> Iterator
             yield from _expand(key, value, begin, end, True)
 
 
+class _WriterThread:
+    """One long-lived thread that runs the store's write transactions.
+
+    Why not ``trio.to_thread.run_sync``: a commit is one thread round trip,
+    and a dedicated thread parked on a queue answers in about half the time
+    of the thread cache (measured ~0.1 ms vs ~0.19 ms here), which is most of
+    what separates a commit from a bare fsync. It is owned by the store,
+    started with it and joined when the store closes.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args, token, deliver = job
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # delivered to the awaiting task
+                result, error = None, exc
+            try:
+                token.run_sync_soon(deliver, result, error)
+            except trio.RunFinishedError:
+                pass
+
+    async def call(self, fn, *args):
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+        box: list = []
+
+        def deliver(result, error) -> None:
+            box.append((result, error))
+            trio.lowlevel.reschedule(task)
+
+        self._jobs.put((fn, args, token, deliver))
+        # Not abortable: the write is under way and its outcome must be heard
+        # (commits are shielded above this anyway).
+        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        result, error = box[0]
+        if error is not None:
+            raise error
+        return result
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
 class LmdbStore:
     """LMDB-backed store: snapshots on the event loop, batches in a worker thread."""
 
@@ -147,6 +202,7 @@ class LmdbStore:
             raw = txn.get(b"version")
         self._version = int.from_bytes(raw, "big") if raw else 0
         self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
+        self._writer = _WriterThread(f"surefoot-lmdb-writer:{self.path.name}")
         self._closed = False
 
     def committed_version(self) -> int:
@@ -156,7 +212,7 @@ class LmdbStore:
         return _LmdbSnapshot(self.env, self._data, self._meta)
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
-        nbytes = await trio.to_thread.run_sync(self.apply_sync, version, mutations)
+        nbytes = await self._writer.call(self.apply_sync, version, mutations)
         self.stats["bytes_written"] += nbytes
 
     def apply_sync(self, version: int, mutations: list[Mutation]) -> int:
@@ -191,6 +247,7 @@ class LmdbStore:
         if self._closed:
             return
         self._closed = True
+        self._writer.stop()
         self.env.close()
         try:
             (self.path / "HOLDER").unlink(missing_ok=True)

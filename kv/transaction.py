@@ -18,7 +18,6 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Sequence
 
 import trio
-from sortedcontainers import SortedDict
 
 from . import atomic as _atomic
 from .atomic import apply_atomic
@@ -234,7 +233,8 @@ class Transaction:
             snap.close()
         self._snap = None
         self._read_version: int | None = None
-        self._writes: SortedDict = SortedDict()   # key -> (kind, payload)
+        self._writes: dict[bytes, tuple] = {}   # key -> (kind, payload)
+        self._sorted_write_keys: list[bytes] | None = None  # cache for range reads
         self._clears: list[tuple[bytes, bytes]] = []  # disjoint, sorted
         self._clear_begins: list[bytes] = []
         self._mutations: list[tuple] = []
@@ -413,7 +413,7 @@ class Transaction:
         """The store's rows in [begin, end) overlaid with this transaction's writes."""
         snap = self._ensure_snapshot()
         writes = self._writes
-        wkeys = list(writes.irange(begin, end, inclusive=(True, False), reverse=reverse))
+        wkeys = self._write_keys_in(begin, end, reverse) if writes else []
         if not wkeys and not self._clears:
             return [KeyValue(k, v) for k, v in snap.range(begin, end, reverse, limit)]
         out: list[KeyValue] = []
@@ -456,6 +456,15 @@ class Transaction:
                 out.append(row)
                 if limit and len(out) >= limit:
                     break
+        return out
+
+    def _write_keys_in(self, begin: bytes, end: bytes, reverse: bool) -> list[bytes]:
+        keys = self._sorted_write_keys
+        if keys is None or len(keys) != len(self._writes):
+            keys = self._sorted_write_keys = sorted(self._writes)
+        out = keys[bisect.bisect_left(keys, begin) : bisect.bisect_left(keys, end)]
+        if reverse:
+            out.reverse()
         return out
 
     def _write_row(self, key: bytes, stored: bytes | None, snap) -> KeyValue | None:
@@ -538,8 +547,11 @@ class Transaction:
         _check_range(begin, end)
         if begin == end:
             return
-        for k in list(self._writes.irange(begin, end, inclusive=(True, False))):
-            del self._writes[k]
+        doomed = self._write_keys_in(begin, end, False)
+        if doomed:
+            for k in doomed:
+                del self._writes[k]
+            self._sorted_write_keys = None
         self._merge_clear(begin, end)
         self._mutations.append(("clear", begin, end))
         self._size += len(begin) + len(end)

@@ -1,0 +1,131 @@
+"""The ledger keyspace: every key this package reads or writes, in one place.
+
+Tuple-encoded under ``root["l"]`` (``root`` is the deployment's
+:class:`kv.Subspace`, default ``(b"surefoot",)``). ``T`` is the owner tag.
+Submissions live under their owner (a submission id is an idempotency key *of
+that owner*: two owners may use the same one without seeing each other).
+Runs are keyed by a random run id, globally (workers claim across owners), and
+store the owner tag, checked whenever a caller names an owner.
+
+Key (under root["l"])              Value
+---------------------------------  ----------------------------------------------------------
+("o", T, "sub", sid)               CBOR submission {"id", "owner", "conversation", "hash",
+                                   "attempt": 0, "created", "run_id", "policy"}
+("o", T, "sbd", sid, i)            chunk i of CBOR {"delivery", "result_schema"}: the request
+                                   itself, stored with the acknowledgement
+("o", T, "sbc", sid)               12 bytes (versionstamped value): position of its run.queued
+("o", T, "cs", conv)               CBOR conversation state {"active": run id | None, "tail": next
+                                   FIFO sequence}; "active" is the one run allowed to be
+                                   ready/running/parked; it moves in the transaction that
+                                   settles the active run, so it is never stale
+("o", T, "q", conv, seq)           run id: the conversation's FIFO of unsettled runs
+("o", T, "h", conv, seq)           run id: every run of the conversation, in order (history)
+("run", run_id)                    CBOR run {"id", "owner", "conversation", "submission_id",
+                                   "seq", "state", "attempt", "claims", "max_attempts",
+                                   "created", "updated", "limits", "rd", "settled_token",
+                                   "released_token", "error"}
+("out", run_id, i)                 chunk i of the CBOR outcome {"status", "result", "error"}
+("rl", run_id)                     CBOR lease {"token", "worker", "expires_at", "expires_us",
+                                   "nonce"}: present iff the run is running; every worker
+                                   write reads it (the fencing check)
+("cx", run_id)                     CBOR cancel record {"at", "reason"}: durable, watchable
+("rd", ready_us, run_id)           b"": ready index — runnable runs (only conversation heads),
+                                   oldest first; claim reads a small window of it
+("lx", expires_us, run_id)         b"": lease-expiry index — running runs by expiry; claim
+                                   takes over expired ones first
+("sig",)                           int64 LE: bumped when a run becomes ready (workers watch it)
+("u", run_id, "s", step_id)        CBOR usage of one step: the idempotency marker of record()
+("u", run_id, "t", field)          int64 LE total of one usage field (atomic add)
+("st", run_id, name, i)            chunk i of a durable step's CBOR record {"result", "at"}
+"""
+
+from __future__ import annotations
+
+import kv
+
+__all__ = ["LedgerKeyspace"]
+
+
+class LedgerKeyspace:
+    """Key constructors for the table above. Pure; no I/O."""
+
+    __slots__ = ("root", "base", "_blen")
+
+    def __init__(self, root: "kv.Subspace | None" = None) -> None:
+        self.root = root if root is not None else kv.Subspace((b"surefoot",))
+        self.base = self.root["l"]
+        self._blen = len(self.base.key())
+
+    def unpack(self, key: bytes) -> tuple:
+        return kv.tuple.unpack(key[self._blen:])
+
+    def _sub(self, t: tuple) -> "kv.Subspace":
+        return kv.Subspace(raw_prefix=self.base.pack(t))
+
+    # submissions
+    def submission(self, tag: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "sub", sid))
+
+    def submission_body(self, tag: str, sid: str) -> "kv.Subspace":
+        return self._sub(("o", tag, "sbd", sid))
+
+    def submission_cursor(self, tag: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "sbc", sid))
+
+    # conversations
+    def conversation_state(self, tag: str, conv: str) -> bytes:
+        return self.base.pack(("o", tag, "cs", conv))
+
+    def fifo(self, tag: str, conv: str, seq: int) -> bytes:
+        return self.base.pack(("o", tag, "q", conv, seq))
+
+    def fifo_range(self, tag: str, conv: str) -> slice:
+        return self.base.range(("o", tag, "q", conv))
+
+    def history(self, tag: str, conv: str, seq: int) -> bytes:
+        return self.base.pack(("o", tag, "h", conv, seq))
+
+    def history_range(self, tag: str, conv: str) -> slice:
+        return self.base.range(("o", tag, "h", conv))
+
+    # runs
+    def run(self, run_id: str) -> bytes:
+        return self.base.pack(("run", run_id))
+
+    def outcome(self, run_id: str) -> "kv.Subspace":
+        return self._sub(("out", run_id))
+
+    def lease(self, run_id: str) -> bytes:
+        return self.base.pack(("rl", run_id))
+
+    def cancel(self, run_id: str) -> bytes:
+        return self.base.pack(("cx", run_id))
+
+    def ready(self, ready_us: int, run_id: str) -> bytes:
+        return self.base.pack(("rd", ready_us, run_id))
+
+    def ready_range(self) -> slice:
+        return self.base.range(("rd",))
+
+    def expiry(self, expires_us: int, run_id: str) -> bytes:
+        return self.base.pack(("lx", expires_us, run_id))
+
+    def expiry_range(self) -> slice:
+        return self.base.range(("lx",))
+
+    def signal(self) -> bytes:
+        return self.base.pack(("sig",))
+
+    # usage
+    def usage_step(self, run_id: str, step_id: str) -> bytes:
+        return self.base.pack(("u", run_id, "s", step_id))
+
+    def usage_total(self, run_id: str, field: str) -> bytes:
+        return self.base.pack(("u", run_id, "t", field))
+
+    def usage_totals_range(self, run_id: str) -> slice:
+        return self.base.range(("u", run_id, "t"))
+
+    # durable steps
+    def step(self, run_id: str, name: str) -> "kv.Subspace":
+        return self._sub(("st", run_id, name))

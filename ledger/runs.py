@@ -1,0 +1,686 @@
+"""Submissions, runs, queues, leases, attempts and cancellation.
+
+Submissions (promise 1)
+    :meth:`Ledger.submit` is one transaction: read the submission id; a
+    different request hash (SHA-256 over canonical CBOR of delivery + result
+    schema) or conversation under the same id is :class:`SubmissionConflict`;
+    an existing one returns its run (and the settled outcome if settled);
+    otherwise it stores the record and the request, enqueues the run in its
+    conversation's FIFO and journals ``run.queued`` — all or nothing. A retry
+    after ``commit_unknown_result`` finds the record and returns the same run.
+
+Runs (promises 4, 5, 6)
+    States: queued -> running -> completed | failed | cancelled, and
+    running -> parked (awaiting approval) -> queued. One run per conversation
+    is *active* (the FIFO head); only an active queued run is in the ready
+    index, so :meth:`Ledger.claim` reads a small window of that index (and of
+    the lease-expiry index) whatever the number of idle conversations. A claim
+    writes a lease with a fencing token; every worker write calls
+    :meth:`Ledger.check_lease` in the same transaction, which reads the lease
+    key: a takeover rewrites that key, so the stale worker's transaction
+    conflicts and its retry raises :class:`LeaseLost`. A claim beyond
+    ``max_attempts`` settles the run failed with ``retry_exhausted``.
+    Settling moves the conversation's active marker to the next queued run in
+    the same transaction, so no stale marker ever blocks a queue.
+
+Cancellation (promise 7)
+    :meth:`Ledger.cancel` writes a durable cancel record. A run that never
+    started settles cancelled at once; a parked one is made runnable so a
+    worker finalizes it; a running one's worker sees the record at its next
+    boundary (:meth:`Ledger.is_cancel_requested` in its transaction) or wakes
+    on :meth:`Ledger.wait_cancel_requested`.
+
+Clock
+    Lease expiries are persisted, so they must mean the same thing after a
+    restart: the default clock is wall time (``time.time``). The simulator
+    injects its virtual clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import struct
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+import trio
+
+import kv
+from sessions import events as ev
+from sessions.codec import canonical_hash, dumps, loads, pack_i64, read_chunks, write_chunks
+from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
+from sessions.owners import OwnerLike, as_tag
+
+from .errors import ConversationBusy, InvalidState, LeaseLost, NotFound, SubmissionConflict
+from .keyspace import LedgerKeyspace
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Ledger", "Lease", "Acknowledgement", "RunInfo", "Policy",
+    "QUEUED", "RUNNING", "PARKED", "COMPLETED", "FAILED", "CANCELLED", "SETTLED_STATES",
+    "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "completed", "failed", "cancelled",
+]
+
+QUEUED, RUNNING, PARKED = "queued", "running", "parked"
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+SETTLED_STATES = frozenset({COMPLETED, FAILED, CANCELLED})
+RUN_STATES = frozenset({QUEUED, RUNNING, PARKED}) | SETTLED_STATES
+
+Policy = Literal["queue", "reject", "interrupt"]
+POLICIES = ("queue", "reject", "interrupt")
+
+DEFAULT_MAX_ATTEMPTS = 10
+MAX_MAX_ATTEMPTS = 1_000
+DEFAULT_LEASE_SECONDS = 30.0
+MAX_LEASE_SECONDS = 3_600.0
+#: Claim picks at random among this many oldest candidates, so racing workers rarely pick the same run.
+CLAIM_WINDOW = 16
+#: A claim that finds only exhausted/stale entries gives up after this many transactions.
+MAX_CLAIM_SKIPS = 64
+#: The request (delivery + schema) is stored with the submission; refuse absurd ones up front.
+MAX_REQUEST_BYTES = 4_000_000
+#: A settled event carries the result only when it is this small (the run record always has it).
+MAX_EVENT_RESULT_BYTES = 16_000
+MAX_ID = 512
+assert CLAIM_WINDOW >= 1 and DEFAULT_MAX_ATTEMPTS <= MAX_MAX_ATTEMPTS
+
+
+def _check_id(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise ValueError(f"{kind} is a non-empty string of at most {MAX_ID} characters")
+    return value
+
+
+def completed(result: Any = None) -> dict[str, Any]:
+    """An outcome: the run finished with ``result``."""
+    return {"status": COMPLETED, "result": result, "error": None}
+
+
+def failed(type: str, message: str = "", **detail: Any) -> dict[str, Any]:
+    """An outcome: the run failed (``type`` is machine-readable, e.g. ``retry_exhausted``)."""
+    return {"status": FAILED, "result": None, "error": {"type": type, "message": message, **detail}}
+
+
+def cancelled(reason: str = "") -> dict[str, Any]:
+    return {"status": CANCELLED, "result": None, "error": {"type": "cancelled", "message": reason}}
+
+
+def _check_outcome(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(outcome)
+    if out.get("status") not in SETTLED_STATES:
+        raise ValueError(f"an outcome's status is one of {sorted(SETTLED_STATES)}")
+    out.setdefault("result", None)
+    out.setdefault("error", None)
+    return out
+
+
+@dataclass(slots=True)
+class Lease:
+    """A worker's claim on a run. ``token`` is the fencing token (increases per claim)."""
+
+    run_id: str
+    token: int
+    attempt: int
+    max_attempts: int
+    worker_id: str
+    expires_at: float
+    owner: str
+    conversation: str
+    submission_id: str
+    #: True when this claim took over an expired lease (the previous execution may have died mid-way).
+    takeover: bool = False
+    #: Step names used in this execution (durable steps refuse reuse).
+    step_names: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledgement:
+    """What a submitter hears once the submission is durable."""
+
+    submission_id: str
+    run_id: str
+    cursor: str | None        # position of the run's run.queued event
+    status: str               # the run's state now
+    outcome: dict[str, Any] | None = None  # when settled
+    created: bool = True      # False: an earlier submit with this id already made the run
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    id: str
+    owner: str
+    conversation: str
+    submission_id: str
+    state: str
+    attempt: int
+    max_attempts: int
+    created: float
+    updated: float
+    limits: dict[str, Any]
+    cancel_requested: bool
+    outcome: dict[str, Any] | None
+    worker: str | None = None
+    lease_expires_at: float | None = None
+
+
+class _PendingAck:
+    __slots__ = ("ack", "ref")
+
+    def __init__(self, ack: Acknowledgement, ref: EventRef | None) -> None:
+        self.ack, self.ref = ack, ref
+
+    async def result(self) -> Acknowledgement:
+        if self.ref is None:
+            return self.ack
+        a = self.ack
+        return Acknowledgement(a.submission_id, a.run_id, await self.ref.cursor(), a.status, a.outcome, a.created)
+
+
+_SKIP = object()
+
+
+class Ledger:
+    """What the runtime has promised, in one deployment root."""
+
+    def __init__(
+        self,
+        db: Any,
+        root: "kv.Subspace | None" = None,
+        *,
+        journal: Journal | None = None,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.db = db
+        self.keys = LedgerKeyspace(root)
+        self.journal = journal if journal is not None else Journal(db, root, clock=clock)
+        self.clock = clock
+        self.new_id = new_id
+        self.rng = rng or random.Random()
+        from .usage import UsageBook
+        from .steps import Steps
+        self.usage = UsageBook(self)
+        self.steps = Steps(self)
+
+    def idempotency_key(self, run_id: str, name: str) -> str:
+        """The stable key of durable step ``name`` of ``run_id`` (for the far end)."""
+        from .steps import idempotency_key
+        return idempotency_key(run_id, name)
+
+    async def step(self, lease: Lease, name: str, fn: Callable[[], Any]) -> Any:
+        """Shortcut for ``self.steps.step``."""
+        return await self.steps.step(lease, name, fn)
+
+    # -- records ------------------------------------------------------------
+
+    async def _run(self, tr: Any, run_id: str, owner: str | None = None, *, snapshot: bool = False) -> dict[str, Any]:
+        raw = await (tr.snapshot if snapshot else tr).get(self.keys.run(run_id))
+        if raw is None:
+            raise NotFound(f"run {run_id!r} not found")
+        run = loads(raw)
+        if owner is not None and run.get("owner") != owner:
+            raise NotFound(f"run {run_id!r} not found")
+        return run
+
+    def _put_run(self, tr: Any, run: dict[str, Any]) -> None:
+        run["updated"] = self.clock()
+        tr.set(self.keys.run(run["id"]), dumps(run))
+
+    def _make_ready(self, tr: Any, run: dict[str, Any]) -> None:
+        us = int(self.clock() * 1e6)
+        if run.get("rd") is not None:
+            tr.clear(self.keys.ready(run["rd"], run["id"]))
+        run["rd"] = us
+        tr.set(self.keys.ready(us, run["id"]), b"")
+        tr.add(self.keys.signal(), pack_i64(1))
+
+    # -- submit -------------------------------------------------------------
+
+    async def submit_tr(self, tr: Any, submission_id: str, delivery: Any, result_schema: Any = None, *,
+                        owner: OwnerLike, conversation: str, policy: Policy = "queue",
+                        limits: Mapping[str, int] | None = None,
+                        max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> _PendingAck:
+        """Submit in ``tr``. Guarded by the submission record (read first).
+        ``await (await ledger.submit_tr(...)).result()`` after commit gives the acknowledgement."""
+        tag = as_tag(owner)
+        _check_id("submission id", submission_id)
+        check_conversation_id(conversation)
+        if policy not in POLICIES:
+            raise ValueError(f"policy is one of {POLICIES}")
+        if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
+            raise ValueError(f"max_attempts must be in 1..{MAX_MAX_ATTEMPTS}")
+        request = {"delivery": delivery, "result_schema": result_schema}
+        body = dumps(request)
+        if len(body) > MAX_REQUEST_BYTES:
+            raise ValueError(f"a submission of {len(body)} bytes exceeds {MAX_REQUEST_BYTES}")
+        digest = canonical_hash(request)
+        raw = await tr.get(self.keys.submission(tag, submission_id))
+        if raw is not None:
+            rec = loads(raw)
+            if rec["hash"] != digest or rec["conversation"] != conversation or rec.get("owner") != tag:
+                raise SubmissionConflict(f"submission {submission_id!r} was already used for a different request")
+            run = await self._run(tr, rec["run_id"])
+            pos = await tr.get(self.keys.submission_cursor(tag, submission_id))
+            outcome = await self._outcome(tr, run["id"]) if run["state"] in SETTLED_STATES else None
+            return _PendingAck(Acknowledgement(submission_id, run["id"], encode_cursor(pos) if pos else None,
+                                               run["state"], outcome, created=False), None)
+        cs_key = self.keys.conversation_state(tag, conversation)
+        cs_raw = await tr.get(cs_key)
+        cs = loads(cs_raw) if cs_raw else {"active": None, "tail": 0}
+        if cs["active"] is not None:
+            if policy == "reject":
+                raise ConversationBusy(f"conversation {conversation!r} already has an active run",
+                                       active_run=cs["active"])
+            if policy == "interrupt":
+                await self._cancel_tr(tr, cs["active"], reason="interrupted by a newer submission")
+                cs = loads(await tr.get(cs_key))  # the cancel may have advanced the FIFO
+        now = self.clock()
+        run_id = self.new_id()
+        seq = cs["tail"]
+        cs["tail"] = seq + 1
+        run = {"id": run_id, "owner": tag, "conversation": conversation, "submission_id": submission_id,
+               "seq": seq, "state": QUEUED, "attempt": 0, "claims": 0, "max_attempts": max_attempts,
+               "created": now, "updated": now, "limits": dict(limits or {}), "rd": None,
+               "settled_token": None, "released_token": None, "error": None}
+        tr.set(self.keys.fifo(tag, conversation, seq), run_id.encode())
+        tr.set(self.keys.history(tag, conversation, seq), run_id.encode())
+        if cs["active"] is None:
+            cs["active"] = run_id
+            self._make_ready(tr, run)
+        tr.set(cs_key, dumps(cs))
+        self._put_run(tr, run)
+        tr.set(self.keys.submission(tag, submission_id), dumps({
+            "id": submission_id, "owner": tag, "conversation": conversation, "hash": digest, "attempt": 0,
+            "created": now, "run_id": run_id, "policy": policy}))
+        write_chunks(tr, self.keys.submission_body(tag, submission_id), body)
+        ref = await self.journal.emit(tr, tag, conversation, ev.RUN_QUEUED,
+                                      {"run_id": run_id, "submission_id": submission_id})
+        tr.set_versionstamped_value(self.keys.submission_cursor(tag, submission_id),
+                                    b"\x00" * 10 + ref.order.to_bytes(2, "big") + struct.pack("<I", 0))
+        return _PendingAck(Acknowledgement(submission_id, run_id, None, QUEUED, None, created=True), ref)
+
+    async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
+                     owner: OwnerLike, conversation: str, policy: Policy = "queue",
+                     limits: Mapping[str, int] | None = None,
+                     max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Acknowledgement:
+        """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
+        sid = submission_id or self.new_id()
+        pending = await self.db.transact(lambda tr: self.submit_tr(
+            tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
+            limits=limits, max_attempts=max_attempts))
+        return await pending.result()
+
+    async def get_request(self, run_id: str, *, owner: OwnerLike | None = None) -> tuple[Any, Any]:
+        """``(delivery, result_schema)`` of a run's submission. Read-only."""
+        async def fn(tr: Any) -> tuple[Any, Any]:
+            run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
+            body = await read_chunks(tr, self.keys.submission_body(run["owner"], run["submission_id"]))
+            if body is None:
+                raise NotFound(f"run {run_id!r} not found")
+            req = loads(body)
+            return req["delivery"], req["result_schema"]
+
+        return await self.db.transact(fn)
+
+    # -- claim / lease ------------------------------------------------------
+
+    async def claim(self, worker_id: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease | None:
+        """Take the next runnable run (an expired lease first), or None when there is none.
+
+        Guarded: the lease carries a nonce chosen before the first attempt; a
+        retry (possibly after a 1021 whose commit happened) first checks
+        whether the run it last tried now holds that nonce and returns it.
+        """
+        _check_id("worker id", worker_id)
+        if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+        nonce = os.urandom(8)
+        tried: list[str] = []
+
+        async def fn(tr: Any) -> Any:
+            if tried:
+                raw = await tr.get(self.keys.lease(tried[-1]))
+                if raw is not None and loads(raw).get("nonce") == nonce:
+                    run = await self._run(tr, tried[-1])
+                    return self._lease_from(run, loads(raw))
+            now = self.clock()
+            now_us = int(now * 1e6)
+            xr = self.keys.expiry_range()
+            rows = await tr.snapshot.get_range(xr.start, self.keys.expiry(now_us, ""), limit=CLAIM_WINDOW)
+            kind = "lx"
+            if not rows:
+                rr = self.keys.ready_range()
+                rows = await tr.snapshot.get_range(rr.start, rr.stop, limit=CLAIM_WINDOW)
+                kind = "rd"
+            if not rows:
+                return None
+            row = rows[self.rng.randrange(len(rows))]
+            tr.add_read_conflict_key(row.key)
+            _k, us, run_id = self.keys.unpack(row.key)
+            tried.append(run_id)
+            try:
+                run = await self._run(tr, run_id)
+            except NotFound:
+                tr.clear(row.key)
+                return _SKIP
+            old_lease = None
+            if kind == "lx":
+                raw = await tr.get(self.keys.lease(run_id))
+                old_lease = loads(raw) if raw else None
+                if run["state"] != RUNNING or old_lease is None or old_lease["expires_us"] != us:
+                    tr.clear(row.key)  # stale index entry
+                    return _SKIP
+            elif run["state"] != QUEUED or run.get("rd") != us:
+                tr.clear(row.key)
+                return _SKIP
+            attempt = run["attempt"] + 1
+            if attempt > run["max_attempts"]:
+                run["attempt"] = attempt - 1
+                await self._finish_tr(tr, run, failed(
+                    "retry_exhausted", f"run gave up after {run['max_attempts']} attempts",
+                    attempts=run["max_attempts"]))
+                return _SKIP
+            token = run["claims"] + 1
+            expires_at = now + lease_seconds
+            expires_us = int(expires_at * 1e6)
+            tr.clear(row.key)
+            lease_rec = {"token": token, "worker": worker_id, "expires_at": expires_at,
+                         "expires_us": expires_us, "nonce": nonce}
+            tr.set(self.keys.lease(run_id), dumps(lease_rec))
+            tr.set(self.keys.expiry(expires_us, run_id), b"")
+            run.update(state=RUNNING, attempt=attempt, claims=token, rd=None)
+            self._put_run(tr, run)
+            await self.journal.emit(tr, run["owner"], run["conversation"], ev.RUN_STARTED, {
+                "run_id": run_id, "attempt": attempt, "max_attempts": run["max_attempts"],
+                "takeover": kind == "lx"})
+            lease = self._lease_from(run, lease_rec)
+            lease.takeover = kind == "lx"
+            return lease
+
+        for _ in range(MAX_CLAIM_SKIPS):
+            result = await self.db.transact(fn)
+            if result is not _SKIP:
+                return result
+            tried.clear()
+        return None
+
+    @staticmethod
+    def _lease_from(run: dict[str, Any], rec: dict[str, Any]) -> Lease:
+        return Lease(run["id"], rec["token"], run["attempt"], run["max_attempts"], rec["worker"],
+                     rec["expires_at"], run["owner"], run["conversation"], run["submission_id"])
+
+    async def check_lease(self, tr: Any, lease: Lease) -> None:
+        """Raise :class:`LeaseLost` unless ``lease`` still holds its run, *as of this
+        transaction*: the read makes a concurrent takeover abort this transaction."""
+        raw = await tr.get(self.keys.lease(lease.run_id))
+        if raw is None or loads(raw)["token"] != lease.token:
+            raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
+
+    async def renew(self, lease: Lease, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
+        """Extend the lease; raises :class:`LeaseLost` if it is gone. Guarded by the token
+        (a retry just extends again)."""
+        if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+
+        async def fn(tr: Any) -> float:
+            raw = await tr.get(self.keys.lease(lease.run_id))
+            rec = loads(raw) if raw else None
+            if rec is None or rec["token"] != lease.token:
+                raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
+            expires_at = self.clock() + lease_seconds
+            expires_us = int(expires_at * 1e6)
+            tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
+            tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
+            rec.update(expires_at=expires_at, expires_us=expires_us)
+            tr.set(self.keys.lease(lease.run_id), dumps(rec))
+            return expires_at
+
+        lease.expires_at = await self.db.transact(fn)
+        return lease
+
+    async def release_tr(self, tr: Any, lease: Lease, *, park: bool = False, refund_attempt: bool = True) -> str:
+        """Give the run back without settling it: runnable again (``park=False``) or
+        parked awaiting :meth:`resume` (``park=True``, e.g. for an approval). A clean
+        release does not count as an attempt unless ``refund_attempt=False``.
+        Guarded: a retry whose release already committed returns the same state."""
+        run = await self._run(tr, lease.run_id)
+        if run.get("released_token") == lease.token and run["state"] in (QUEUED, PARKED):
+            return run["state"]
+        raw = await tr.get(self.keys.lease(lease.run_id))
+        rec = loads(raw) if raw else None
+        if rec is None or rec["token"] != lease.token:
+            raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
+        tr.clear(self.keys.lease(lease.run_id))
+        tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
+        run["released_token"] = lease.token
+        if refund_attempt:
+            run["attempt"] = max(0, run["attempt"] - 1)
+        if park:
+            run["state"] = PARKED
+        else:
+            run["state"] = QUEUED
+            self._make_ready(tr, run)
+        self._put_run(tr, run)
+        return run["state"]
+
+    async def release(self, lease: Lease, *, park: bool = False, refund_attempt: bool = True) -> str:
+        return await self.db.transact(
+            lambda tr: self.release_tr(tr, lease, park=park, refund_attempt=refund_attempt))
+
+    async def resume_tr(self, tr: Any, run_id: str, *, owner: OwnerLike | None = None) -> str:
+        """Make a parked run runnable again. Idempotent (a non-parked run is left as is)."""
+        run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
+        if run["state"] == PARKED:
+            run["state"] = QUEUED
+            self._make_ready(tr, run)
+            self._put_run(tr, run)
+        return run["state"]
+
+    async def resume(self, run_id: str, *, owner: OwnerLike | None = None) -> str:
+        return await self.db.transact(lambda tr: self.resume_tr(tr, run_id, owner=owner))
+
+    # -- settle -------------------------------------------------------------
+
+    async def settle_tr(self, tr: Any, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """Settle the run with ``outcome`` (see :func:`completed`, :func:`failed`,
+        :func:`cancelled`). Idempotent: settling again with the same lease returns the
+        stored outcome; a lost lease raises :class:`LeaseLost`."""
+        out = _check_outcome(outcome)
+        run = await self._run(tr, lease.run_id)
+        if run["state"] in SETTLED_STATES:
+            if run.get("settled_token") == lease.token:
+                return await self._outcome(tr, run["id"]) or out
+            raise LeaseLost(f"run {lease.run_id!r} was settled by someone else")
+        await self.check_lease(tr, lease)
+        await self._finish_tr(tr, run, out, token=lease.token)
+        return out
+
+    async def settle(self, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.db.transact(lambda tr: self.settle_tr(tr, lease, outcome))
+
+    async def _outcome(self, tr: Any, run_id: str) -> dict[str, Any] | None:
+        body = await read_chunks(tr, self.keys.outcome(run_id))
+        return loads(body) if body is not None else None
+
+    async def _finish_tr(self, tr: Any, run: dict[str, Any], outcome: dict[str, Any], *,
+                         token: int | None = None) -> None:
+        """Settle ``run`` (not yet settled) in ``tr`` and advance its conversation's FIFO."""
+        run_id, tag, conv = run["id"], run["owner"], run["conversation"]
+        raw = await tr.get(self.keys.lease(run_id))
+        if raw is not None:
+            tr.clear(self.keys.expiry(loads(raw)["expires_us"], run_id))
+            tr.clear(self.keys.lease(run_id))
+        if run.get("rd") is not None:
+            tr.clear(self.keys.ready(run["rd"], run_id))
+            run["rd"] = None
+        tr.clear(self.keys.fifo(tag, conv, run["seq"]))
+        status = outcome["status"]
+        run["state"] = status
+        run["settled_token"] = token
+        run["error"] = outcome.get("error")
+        self._put_run(tr, run)
+        write_chunks(tr, self.keys.outcome(run_id), dumps(outcome))
+        cs_key = self.keys.conversation_state(tag, conv)
+        cs = loads(await tr.get(cs_key))
+        if cs["active"] == run_id:
+            fr = self.keys.fifo_range(tag, conv)
+            nxt = await tr.get_range(fr.start, fr.stop, limit=1)
+            cs["active"] = None
+            if nxt:
+                nxt_id = nxt[0].value.decode()
+                cs["active"] = nxt_id
+                nrun = await self._run(tr, nxt_id)
+                if nrun["state"] == QUEUED:
+                    self._make_ready(tr, nrun)
+                    self._put_run(tr, nrun)
+            tr.set(cs_key, dumps(cs))
+        data: dict[str, Any] = {"run_id": run_id, "status": status, "error": outcome.get("error")}
+        result = outcome.get("result")
+        if result is not None:
+            enc = dumps(result)
+            if len(enc) <= MAX_EVENT_RESULT_BYTES:
+                data["result"] = result
+            else:
+                data["result_truncated"] = True
+        await self.journal.emit(tr, tag, conv, ev.RUN_SETTLED_EVENTS[status], data)
+
+    # -- cancel -------------------------------------------------------------
+
+    async def _cancel_tr(self, tr: Any, run_id: str, *, reason: str = "", owner: str | None = None) -> str:
+        run = await self._run(tr, run_id, owner)
+        if run["state"] in SETTLED_STATES:
+            return run["state"]
+        ck = self.keys.cancel(run_id)
+        if await tr.get(ck) is None:
+            tr.set(ck, dumps({"at": self.clock(), "reason": reason}))
+        if run["state"] == QUEUED and run["claims"] == 0:
+            await self._finish_tr(tr, run, cancelled(reason))
+        elif run["state"] == PARKED:
+            run["state"] = QUEUED  # a worker claims it, sees the cancel and finalizes cleanly
+            self._make_ready(tr, run)
+            self._put_run(tr, run)
+        return run["state"]
+
+    async def cancel_tr(self, tr: Any, run_id: str, *, owner: OwnerLike | None = None, reason: str = "") -> str:
+        """Request cancellation; returns the run's state after. Idempotent (state-checked)."""
+        return await self._cancel_tr(tr, run_id, reason=reason, owner=as_tag(owner) if owner is not None else None)
+
+    async def cancel(self, run_id: str, *, owner: OwnerLike | None = None, reason: str = "") -> str:
+        return await self.db.transact(lambda tr: self.cancel_tr(tr, run_id, owner=owner, reason=reason))
+
+    async def is_cancel_requested(self, tr: Any, run_id: str) -> bool:
+        """In the worker's transaction: a cancel committed after its read version aborts it
+        (read conflict), so the retry sees the request."""
+        return await tr.get(self.keys.cancel(run_id)) is not None
+
+    async def cancel_requested(self, run_id: str) -> bool:
+        return await self.db.transact(lambda tr: self.is_cancel_requested(tr, run_id))  # read-only
+
+    async def wait_cancel_requested(self, run_id: str) -> None:
+        """Return once a cancel for ``run_id`` is recorded (watch on the cancel key)."""
+        while True:
+            async def fn(tr: Any) -> Any:  # read-only
+                if await tr.get(self.keys.cancel(run_id)) is not None:
+                    return None
+                return tr.watch(self.keys.cancel(run_id))
+
+            w = await self.db.transact(fn)
+            if w is None:
+                return
+            try:
+                await w
+            finally:
+                if not w.ready:
+                    w.cancel()
+
+    # -- queries ------------------------------------------------------------
+
+    async def get_run_tr(self, tr: Any, run_id: str, *, owner: OwnerLike | None = None) -> RunInfo:
+        run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
+        outcome = await self._outcome(tr, run_id) if run["state"] in SETTLED_STATES else None
+        cx = await tr.get(self.keys.cancel(run_id)) is not None
+        worker = expires = None
+        if run["state"] == RUNNING:
+            raw = await tr.get(self.keys.lease(run_id))
+            if raw:
+                rec = loads(raw)
+                worker, expires = rec["worker"], rec["expires_at"]
+        return RunInfo(run["id"], run["owner"], run["conversation"], run["submission_id"], run["state"],
+                       run["attempt"], run["max_attempts"], run["created"], run["updated"], run["limits"], cx,
+                       outcome, worker, expires)
+
+    async def get_run(self, run_id: str, *, owner: OwnerLike | None = None) -> RunInfo:
+        return await self.db.transact(lambda tr: self.get_run_tr(tr, run_id, owner=owner))  # read-only
+
+    async def wait_settled(self, run_id: str, *, owner: OwnerLike | None = None) -> dict[str, Any]:
+        """The run's outcome once settled (watch on the run record)."""
+        tag = as_tag(owner) if owner is not None else None
+        while True:
+            async def fn(tr: Any) -> Any:  # read-only
+                run = await self._run(tr, run_id, tag)
+                if run["state"] in SETTLED_STATES:
+                    return ("done", await self._outcome(tr, run_id))
+                return ("wait", tr.watch(self.keys.run(run_id)))
+
+            kind, v = await self.db.transact(fn)
+            if kind == "done":
+                return v
+            try:
+                await v
+            finally:
+                if not v.ready:
+                    v.cancel()
+
+    async def list_runs(self, owner: OwnerLike, conversation: str, *, limit: int = 1_000) -> list[RunInfo]:
+        """The conversation's runs, oldest first. Read-only."""
+        tag = as_tag(owner)
+
+        async def fn(tr: Any) -> list[RunInfo]:
+            r = self.keys.history_range(tag, conversation)
+            rows = await tr.get_range(r.start, r.stop, limit=limit)
+            return [await self.get_run_tr(tr, row.value.decode(), owner=tag) for row in rows]
+
+        return await self.db.transact(fn)
+
+    async def active_run(self, owner: OwnerLike, conversation: str) -> str | None:
+        tag = as_tag(owner)
+
+        async def fn(tr: Any) -> str | None:  # read-only
+            raw = await tr.get(self.keys.conversation_state(tag, conversation))
+            return loads(raw)["active"] if raw else None
+
+        return await self.db.transact(fn)
+
+    async def wait_for_work(self, max_wait: float = 1.0) -> None:
+        """Sleep until a run may be claimable: something became ready, the earliest
+        lease expires, or ``max_wait`` seconds pass. Workers call it after an empty claim."""
+        async def fn(tr: Any) -> tuple[Any, float | None]:  # read-only
+            xr = self.keys.expiry_range()
+            first = await tr.get_range(xr.start, xr.stop, limit=1)
+            rr = self.keys.ready_range()
+            ready = await tr.get_range(rr.start, rr.stop, limit=1)
+            if ready:
+                return None, 0.0
+            w = tr.watch(self.keys.signal())
+            expiry = self.keys.unpack(first[0].key)[1] / 1e6 if first else None
+            return w, expiry
+
+        w, expiry = await self.db.transact(fn)
+        if w is None:
+            return
+        wait = max_wait
+        if expiry is not None:
+            wait = max(0.0, min(wait, expiry - self.clock()))
+        try:
+            with trio.move_on_after(wait):
+                await w
+        finally:
+            if not w.ready:
+                w.cancel()
+

@@ -1,0 +1,116 @@
+"""Usage: never lost, never double counted (promise 10).
+
+``record(run, step_id, usage)`` is idempotent on (run, step): the step's
+marker key is read (a read conflict) and written with the totals' atomic adds
+in one transaction, so a duplicate or a 1021 retry finds the marker and adds
+nothing. Totals are per run, per field, by atomic ``add`` (no read conflict
+between steps). Usage figures are non-negative integers; money is an integer
+of micro-units (``cost_micros``).
+
+``reserve(run, estimate)`` is the pre-flight check before a model call: it
+refuses, with :class:`UsageLimitExceeded`, when the current totals plus the
+estimate would pass one of the run's ceilings. Ceilings come from the
+submission's ``limits``: ``{"max_total_tokens": n}`` (input + output tokens),
+``{"max_cost_micros": n}``, or ``{"max_<field>": n}`` for any usage field. A
+reservation holds nothing: one run makes one model call at a time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from sessions.codec import dumps, loads, pack_i64, unpack_i64
+
+from .errors import UsageConflict, UsageLimitExceeded
+
+if TYPE_CHECKING:
+    from .runs import Lease, Ledger
+
+__all__ = ["UsageBook", "TOTAL_TOKENS", "MAX_USAGE_FIELDS"]
+
+#: Derived field: input_tokens + output_tokens.
+TOTAL_TOKENS = "total_tokens"
+MAX_USAGE_FIELDS = 32
+MAX_STEP_ID = 512
+
+
+def _check_usage(usage: Mapping[str, int]) -> dict[str, int]:
+    if len(usage) > MAX_USAGE_FIELDS:
+        raise ValueError(f"at most {MAX_USAGE_FIELDS} usage fields")
+    out: dict[str, int] = {}
+    for k, v in usage.items():
+        if not isinstance(k, str) or not k or k == TOTAL_TOKENS:
+            raise ValueError(f"bad usage field {k!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"usage field {k!r} must be a non-negative int")
+        out[k] = v
+    return out
+
+
+class UsageBook:
+    def __init__(self, ledger: "Ledger") -> None:
+        self.ledger = ledger
+        self.keys = ledger.keys
+
+    async def record_tr(self, tr: Any, run_id: str, step_id: str, usage: Mapping[str, int]) -> bool:
+        """Count ``usage`` for (run, step) once; returns False when it was already counted.
+        Guarded by the step marker. Raises :class:`UsageConflict` for a different figure."""
+        if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
+            raise ValueError("a step id is a non-empty string")
+        figures = _check_usage(usage)
+        await self.ledger._run(tr, run_id)
+        marker = self.keys.usage_step(run_id, step_id)
+        raw = await tr.get(marker)
+        if raw is not None:
+            if loads(raw) != figures:
+                raise UsageConflict(f"usage for step {step_id!r} of run {run_id!r} was recorded with other figures")
+            return False
+        tr.set(marker, dumps(figures))
+        for k, v in figures.items():
+            if v:
+                tr.add(self.keys.usage_total(run_id, k), pack_i64(v))
+        return True
+
+    async def record(self, run_id: str, step_id: str, usage: Mapping[str, int], *,
+                     lease: "Lease | None" = None) -> bool:
+        async def fn(tr: Any) -> bool:
+            if lease is not None:
+                await self.ledger.check_lease(tr, lease)
+            return await self.record_tr(tr, run_id, step_id, usage)
+
+        return await self.ledger.db.transact(fn)
+
+    async def totals_tr(self, tr: Any, run_id: str) -> dict[str, int]:
+        r = self.keys.usage_totals_range(run_id)
+        out: dict[str, int] = {}
+        for row in await tr.get_range(r.start, r.stop):
+            out[self.keys.unpack(row.key)[-1]] = unpack_i64(row.value)
+        out[TOTAL_TOKENS] = out.get("input_tokens", 0) + out.get("output_tokens", 0)
+        return out
+
+    async def totals(self, run_id: str) -> dict[str, int]:
+        return await self.ledger.db.transact(lambda tr: self.totals_tr(tr, run_id))  # read-only
+
+    async def reserve_tr(self, tr: Any, run_id: str, estimate: Mapping[str, int]) -> dict[str, int]:
+        """Refuse (UsageLimitExceeded) if totals + estimate pass a ceiling; returns the
+        remaining headroom per ceiling. Read-only."""
+        run = await self.ledger._run(tr, run_id)
+        limits = run.get("limits") or {}
+        totals = await self.totals_tr(tr, run_id)
+        est = dict(estimate)
+        est.setdefault(TOTAL_TOKENS, est.get("input_tokens", 0) + est.get("output_tokens", 0))
+        headroom: dict[str, int] = {}
+        for name, ceiling in limits.items():
+            if not name.startswith("max_") or ceiling is None:
+                continue
+            fld = name[4:]
+            used, want = totals.get(fld, 0), int(est.get(fld, 0))
+            if used + want > ceiling:
+                raise UsageLimitExceeded(
+                    f"run {run_id!r}: {fld} would reach {used + want}, past its ceiling of {ceiling}",
+                    field=fld, used=used, estimate=want, ceiling=int(ceiling))
+            headroom[fld] = int(ceiling) - used
+        return headroom
+
+    async def reserve(self, run_id: str, estimate: Mapping[str, int]) -> dict[str, int]:
+        return await self.ledger.db.transact(lambda tr: self.reserve_tr(tr, run_id, estimate))

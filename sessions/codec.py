@@ -1,0 +1,86 @@
+"""Value encoding shared by sessions and ledger: CBOR values, little-endian
+counters (FoundationDB's atomic ``add`` operand) and chunked values.
+
+Chunking exists because a kv value is at most 100,000 bytes
+(``kv.limits.VALUE_SIZE_LIMIT``) while a transcript message, an attachment or a
+run's result may be larger. A chunked value is written in *one* transaction as
+keys ``sub.pack((i,))`` for i = 0..n-1, so a reader sees all chunks or none;
+readers concatenate the range in key order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import cbor2
+
+import kv
+
+__all__ = [
+    "dumps", "loads", "canonical_hash", "pack_i64", "unpack_i64",
+    "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size",
+]
+
+#: Bytes per chunk: under the 100,000-byte value limit with room for nothing else.
+CHUNK_SIZE = 90_000
+assert CHUNK_SIZE < kv.limits.VALUE_SIZE_LIMIT
+
+
+def dumps(value: Any) -> bytes:
+    """CBOR-encode a value (dicts, lists, str, bytes, ints, floats, bools, None)."""
+    return cbor2.dumps(value)
+
+
+def loads(data: bytes) -> Any:
+    return cbor2.loads(data)
+
+
+def canonical_hash(value: Any) -> str:
+    """SHA-256 hex over canonical CBOR (sorted map keys), stable across processes."""
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).hexdigest()
+
+
+def pack_i64(n: int) -> bytes:
+    """An atomic-``add`` operand / counter value: 8 bytes little-endian signed."""
+    return struct.pack("<q", n)
+
+
+def unpack_i64(data: bytes | None) -> int:
+    if data is None:
+        return 0
+    # An ``add`` on an absent key stores the operand; shorter values are zero-extended.
+    return struct.unpack("<q", data.ljust(8, b"\x00")[:8])[0]
+
+
+def split_chunks(data: bytes, size: int = CHUNK_SIZE) -> list[bytes]:
+    assert 0 < size <= CHUNK_SIZE
+    if not data:
+        return [b""]
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def encoded_size(data: bytes) -> int:
+    return len(data)
+
+
+def write_chunks(tr: Any, sub: "kv.Subspace", data: bytes) -> int:
+    """Write ``data`` as chunks under ``sub``; returns the chunk count.
+
+    The caller must own ``sub`` exclusively (write-once values, or a cleared
+    range) so no stale higher-numbered chunk survives.
+    """
+    chunks = split_chunks(data)
+    for i, chunk in enumerate(chunks):
+        tr.set(sub.pack((i,)), chunk)
+    return len(chunks)
+
+
+async def read_chunks(tr: Any, sub: "kv.Subspace") -> bytes | None:
+    """Concatenate every chunk under ``sub``; None when there is none."""
+    r = sub.range()
+    rows = await tr.get_range(r.start, r.stop)
+    if not rows:
+        return None
+    return b"".join(row.value for row in rows)

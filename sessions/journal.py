@@ -1,0 +1,458 @@
+"""The event journal: per (owner, conversation), an append-only log of domain
+events under versionstamped keys.
+
+Positions and cursors
+    An event's key ends in a 12-byte versionstamp: the 10-byte commit stamp
+    (strictly increasing in commit order, never reused) and a 2-byte order of
+    the event inside its transaction. That position is the cursor, handed out
+    as an opaque 24-character string. Live and replayed events are read from
+    the same keys, so a cursor is identical in replay and live.
+
+Writing
+    :meth:`Journal.emit` takes the caller's transaction: the state change and
+    its event commit together or not at all. Several emits in one transaction
+    get distinct positions in call order. Emits read nothing that another
+    emitter writes (the counter is an atomic ``add``; the event key is unique),
+    so concurrent emitters never conflict with each other or with trimming.
+    The position is known after commit: ``await ref.cursor()``.
+
+Reading
+    :meth:`Journal.read` costs O(page) however long the journal is: one range
+    read starting just after the cursor, plus two point reads. When the cursor
+    is at or before the last trimmed position (it fell behind retention) the
+    page says so (``behind=True``) and carries ``first_retained``.
+    :meth:`Journal.follow` replays then waits on a watch of the emitted-count
+    key created in the *same* transaction as the read that came up short, so
+    no commit falls between replay and live (no gap), and it always reads
+    strictly after the last cursor it yielded (no duplicate).
+
+Retention
+    The most recent ``retention`` events per conversation are kept (default
+    20,000; 0 keeps all). :meth:`Journal.trim` deletes the excess in batches;
+    it reads only the trimmed-count key (which only trimmers write) and the
+    doomed keys, so it never blocks an append. Emits note which conversations
+    grew; :meth:`Journal.run_trimmer` (a service task for the runtime's
+    nursery) trims them, and :meth:`Journal.maybe_trim` does it inline.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Literal
+
+import trio
+
+import kv
+from kv.tuple import Versionstamp
+
+from . import events as ev
+from .codec import dumps, loads, pack_i64, unpack_i64
+from .errors import CursorBehind, InvalidCursor, NotFound, TooLarge
+from .keyspace import SessionsKeyspace
+from .owners import OwnerLike, as_tag
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Journal", "Event", "EventRef", "JournalPage",
+    "DEFAULT_RETENTION", "DEFAULT_PAGE", "MAX_PAGE", "MAX_EVENT_BYTES", "MAX_EVENTS_PER_TRANSACTION",
+    "encode_cursor", "decode_cursor", "check_conversation_id",
+]
+
+#: Events kept per conversation (0 keeps all).
+DEFAULT_RETENTION = 20_000
+#: Default and largest page of :meth:`Journal.read`.
+DEFAULT_PAGE = 256
+MAX_PAGE = 10_000
+#: An event's encoded value must fit one kv value; bigger payloads belong in the
+#: transcript or an attachment, referenced from the event.
+MAX_EVENT_BYTES = 90_000
+#: The 2-byte in-transaction order bounds events per transaction.
+MAX_EVENTS_PER_TRANSACTION = 65_535
+#: Trim deletes at most this many events per transaction (stays far under 5 s / 10 MB).
+TRIM_BATCH = 5_000
+#: Conversation ids are key parts.
+MAX_CONVERSATION_ID = 512
+#: Cursor = 12 bytes, hex.
+CURSOR_BYTES = 12
+assert TRIM_BATCH <= MAX_PAGE and MAX_EVENT_BYTES < kv.limits.VALUE_SIZE_LIMIT
+
+
+def encode_cursor(position: bytes) -> str:
+    assert len(position) == CURSOR_BYTES
+    return position.hex()
+
+
+def decode_cursor(cursor: str) -> bytes:
+    if not isinstance(cursor, str) or len(cursor) != CURSOR_BYTES * 2:
+        raise InvalidCursor("not a journal cursor")
+    try:
+        return bytes.fromhex(cursor)
+    except ValueError:
+        raise InvalidCursor("not a journal cursor") from None
+
+
+def check_conversation_id(conversation: str) -> str:
+    if not isinstance(conversation, str) or not conversation or len(conversation) > MAX_CONVERSATION_ID:
+        raise ValueError(f"a conversation id is a non-empty string of at most {MAX_CONVERSATION_ID} characters")
+    return conversation
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal event. ``cursor`` is its position (resume *after* it)."""
+
+    cursor: str
+    type: str
+    data: Any
+    ts: float
+    eid: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cursor": self.cursor, "type": self.type, "data": self.data, "ts": self.ts}
+
+
+@dataclass(frozen=True, slots=True)
+class JournalPage:
+    """A page of events after a cursor.
+
+    ``next_cursor`` resumes after this page (the cursor passed in when empty).
+    ``first_retained`` is the oldest position still stored (None when empty).
+    ``behind`` is True when the cursor fell behind retention: events between it
+    and ``first_retained`` are gone.
+    """
+
+    events: list[Event]
+    next_cursor: str | None
+    first_retained: str | None
+    behind: bool
+    more: bool = False
+
+
+class EventRef:
+    """What :meth:`Journal.emit` returns: the event's position once its transaction commits."""
+
+    __slots__ = ("_stamp", "order", "type", "_cursor")
+
+    def __init__(self, stamp: Any, order: int, type: str) -> None:
+        self._stamp = stamp
+        self.order = order
+        self.type = type
+        self._cursor: str | None = None
+
+    async def cursor(self) -> str:
+        """The committed event's cursor; awaits the commit's versionstamp."""
+        if self._cursor is None:
+            stamp = await self._stamp
+            self._cursor = encode_cursor(bytes(stamp) + self.order.to_bytes(2, "big"))
+        return self._cursor
+
+
+# Per-transaction event order. Never reset across a transaction's retries: the
+# order only has to be unique and increasing inside one commit.
+_ORDER: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def _next_order(tr: Any) -> int:
+    try:
+        n = _ORDER.get(tr, 0)
+        _ORDER[tr] = n + 1
+    except TypeError:  # a transaction type without weakref support
+        n = getattr(tr, "_surefoot_event_order", 0)
+        setattr(tr, "_surefoot_event_order", n + 1)
+    if n >= MAX_EVENTS_PER_TRANSACTION:
+        raise TooLarge(f"more than {MAX_EVENTS_PER_TRANSACTION} journal events in one transaction")
+    return n
+
+
+def _new_eid() -> str:
+    return os.urandom(8).hex()
+
+
+class Journal:
+    """The journal of every conversation in one deployment root."""
+
+    def __init__(
+        self,
+        db: Any,
+        root: "kv.Subspace | None" = None,
+        *,
+        retention: int = DEFAULT_RETENTION,
+        clock: Callable[[], float] = time.time,
+        trim_slack: int | None = None,
+    ) -> None:
+        assert retention >= 0
+        self.db = db
+        self.keys = SessionsKeyspace(root)
+        self.retention = retention
+        self.clock = clock
+        # Trim once the excess passes the slack, so trimming is amortised
+        # over many appends instead of costing a transaction per append.
+        self.trim_slack = trim_slack if trim_slack is not None else max(1, min(1_000, retention // 10 or 1))
+        self._known: set[tuple[str, str]] = set()     # conversations known to exist (never deleted)
+        self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
+        self._grown_event = trio.Event()
+
+    # -- writing ------------------------------------------------------------
+
+    async def emit(self, tr: Any, owner: OwnerLike, conversation: str, type: str, data: Any = None,
+                   *, eid: str | None = None) -> EventRef:
+        """Append one event in ``tr`` (the caller's transaction, committed by the caller).
+
+        Not idempotent by itself: the caller's transaction must be guarded (a
+        lease check, a head check, a marker) so a 1021 retry does not emit twice.
+        """
+        tag = as_tag(owner)
+        check_conversation_id(conversation)
+        if type not in ev.EVENT_TYPES:
+            raise ValueError(f"unknown journal event type {type!r}; see sessions.events")
+        value = dumps({"type": type, "data": data, "ts": self.clock(), "eid": eid or _new_eid()})
+        if len(value) > MAX_EVENT_BYTES:
+            raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
+                           "in the transcript or an attachment and reference it")
+        await self._ensure_conversation(tr, tag, conversation)
+        order = _next_order(tr)
+        sub = self.keys.events(tag, conversation)
+        tr.set_versionstamped_key(sub.pack_with_versionstamp((Versionstamp(user_version=order),)), value)
+        tr.add(self.keys.emitted(tag, conversation), pack_i64(1))
+        ck = (tag, conversation)
+        self._grown[ck] = self._grown.get(ck, 0) + 1
+        if self.retention and self._grown[ck] >= self.trim_slack:
+            self._grown_event.set()
+        return EventRef(tr.get_versionstamp(), order, type)
+
+    async def _ensure_conversation(self, tr: Any, tag: str, conversation: str) -> None:
+        ck = (tag, conversation)
+        if ck in self._known:
+            return
+        key = self.keys.conversation(tag, conversation)
+        # Snapshot read: creating the record must not make concurrent first
+        # emitters conflict; they all write the same value.
+        if await tr.snapshot.get(key) is None:
+            tr.set(key, dumps({"owner": tag}))
+        else:
+            self._known.add(ck)
+
+    async def ensure_conversation_tr(self, tr: Any, owner: OwnerLike, conversation: str) -> None:
+        """Make the conversation exist for ``owner`` (journal reads of it then succeed, empty)."""
+        await self._ensure_conversation(tr, as_tag(owner), check_conversation_id(conversation))
+
+    async def emit_many(self, owner: OwnerLike, conversation: str, items: list[tuple[str, Any]],
+                        *, guard: Callable[[Any], Any] | None = None) -> list[str]:
+        """Emit ``items`` [(type, data)] in one transaction of its own; returns their cursors.
+
+        Guarded: every event carries a random id chosen before the first
+        attempt; a retry (which may follow a 1021 whose commit happened) first
+        scans the events appended since the first attempt's tail for that id
+        and, if found, returns the committed cursors instead of emitting again.
+        ``guard(tr)`` (e.g. a lease check) runs first in every attempt.
+        """
+        tag = as_tag(owner)
+        check_conversation_id(conversation)
+        eids = [_new_eid() for _ in items]
+        state: dict[str, Any] = {"attempt": 0, "tail": None}
+
+        async def fn(tr: Any) -> list[EventRef] | list[str]:
+            if guard is not None:
+                await guard(tr)
+            sub = self.keys.events(tag, conversation)
+            if state["attempt"] == 0:
+                last = await tr.snapshot.get_range(sub.range().start, sub.range().stop, limit=1, reverse=True)
+                state["tail"] = last[0].key if last else None
+            else:
+                found = await self._find_eids(tr, sub, state["tail"], eids)
+                if found is not None:
+                    return found
+            state["attempt"] += 1
+            return [await self.emit(tr, tag, conversation, t, d, eid=e) for (t, d), e in zip(items, eids)]
+
+        refs = await self.db.transact(fn)
+        if refs and isinstance(refs[0], str):
+            return refs  # type: ignore[return-value]
+        return [await r.cursor() for r in refs]  # type: ignore[union-attr]
+
+    async def emit_one(self, owner: OwnerLike, conversation: str, type: str, data: Any = None,
+                       *, guard: Callable[[Any], Any] | None = None) -> str:
+        """Convenience: one event in its own guarded transaction; returns its cursor."""
+        return (await self.emit_many(owner, conversation, [(type, data)], guard=guard))[0]
+
+    async def _find_eids(self, tr: Any, sub: "kv.Subspace", tail: bytes | None, eids: list[str]) -> list[str] | None:
+        r = sub.range()
+        begin = tail + b"\x00" if tail is not None else r.start
+        want = set(eids)
+        found: dict[str, str] = {}
+        async for row in tr.snapshot.get_range(begin, r.stop):
+            rec = loads(row.value)
+            if rec.get("eid") in want:
+                found[rec["eid"]] = self._cursor_of(sub, row.key)
+                if len(found) == len(want):
+                    return [found[e] for e in eids]
+        return None
+
+    # -- reading ------------------------------------------------------------
+
+    @staticmethod
+    def _cursor_of(sub: "kv.Subspace", key: bytes) -> str:
+        (vs,) = sub.unpack(key)
+        return encode_cursor(bytes(vs.tr_version) + vs.user_version.to_bytes(2, "big"))
+
+    def _key_of(self, sub: "kv.Subspace", position: bytes) -> bytes:
+        return sub.pack((Versionstamp(position[:10], int.from_bytes(position[10:], "big")),))
+
+    async def _check_conversation(self, tr: Any, tag: str, conversation: str) -> None:
+        raw = await tr.get(self.keys.conversation(tag, conversation))
+        if raw is None or loads(raw).get("owner") != tag:
+            if raw is not None:
+                log.error("conversation record under %r carries a different owner tag", tag)
+            raise NotFound(f"conversation {conversation!r} not found")
+
+    async def read_tr(self, tr: Any, owner: OwnerLike, conversation: str, after: str | None = None,
+                      limit: int = DEFAULT_PAGE) -> JournalPage:
+        """One page of events strictly after ``after`` (None: from the oldest retained)."""
+        tag = as_tag(owner)
+        check_conversation_id(conversation)
+        if not 0 < limit <= MAX_PAGE:
+            raise ValueError(f"limit must be in 1..{MAX_PAGE}")
+        position = decode_cursor(after) if after is not None else None
+        await self._check_conversation(tr, tag, conversation)
+        sub = self.keys.events(tag, conversation)
+        r = sub.range()
+        first = await tr.get_range(r.start, r.stop, limit=1)
+        first_retained = self._cursor_of(sub, first[0].key) if first else None
+        behind = False
+        if position is not None:
+            watermark = await tr.get(self.keys.watermark(tag, conversation))
+            behind = watermark is not None and position <= watermark
+            begin = self._key_of(sub, position) + b"\x00"
+        else:
+            begin = r.start
+        rows = await tr.get_range(begin, r.stop, limit=limit)
+        events = []
+        for row in rows:
+            rec = loads(row.value)
+            events.append(Event(self._cursor_of(sub, row.key), rec["type"], rec.get("data"), rec.get("ts", 0.0),
+                                rec.get("eid", "")))
+        next_cursor = events[-1].cursor if events else after
+        return JournalPage(events, next_cursor, first_retained, behind, more=len(rows) == limit)
+
+    async def read(self, owner: OwnerLike, conversation: str, after: str | None = None,
+                   limit: int = DEFAULT_PAGE) -> JournalPage:
+        """Read-only transaction (idempotent): one page; see :meth:`read_tr`."""
+        return await self.db.transact(lambda tr: self.read_tr(tr, owner, conversation, after, limit))
+
+    async def tail_cursor(self, owner: OwnerLike, conversation: str) -> str | None:
+        """The newest event's cursor (follow from it to get only live events)."""
+        tag = as_tag(owner)
+
+        async def fn(tr: Any) -> str | None:  # read-only: idempotent
+            await self._check_conversation(tr, tag, conversation)
+            sub = self.keys.events(tag, conversation)
+            r = sub.range()
+            last = await tr.get_range(r.start, r.stop, limit=1, reverse=True)
+            return self._cursor_of(sub, last[0].key) if last else None
+
+        return await self.db.transact(fn)
+
+    async def follow(self, owner: OwnerLike, conversation: str, after: str | None = None, *,
+                     page_size: int = DEFAULT_PAGE,
+                     on_behind: Literal["raise", "continue"] = "raise") -> AsyncIterator[Event]:
+        """Replay events after ``after``, then yield new ones as they commit, forever.
+
+        If the cursor fell behind retention, raises :class:`CursorBehind`
+        (carrying ``first_retained``) before yielding anything from that page,
+        unless ``on_behind="continue"`` (then it carries on from the oldest
+        retained event). Cancel the consuming scope to stop.
+        """
+        tag = as_tag(owner)
+        cursor = after
+        while True:
+            async def fn(tr: Any) -> tuple[JournalPage, Any]:  # read-only: idempotent
+                page = await self.read_tr(tr, tag, conversation, cursor, page_size)
+                watch = None
+                if not page.more:
+                    # Same transaction as the read that came up short: any emit
+                    # committed after this read version changes the counter.
+                    watch = tr.watch(self.keys.emitted(tag, conversation))
+                return page, watch
+
+            page, watch = await self.db.transact(fn)
+            try:
+                if page.behind and on_behind == "raise":
+                    raise CursorBehind(page.first_retained)
+                for e in page.events:
+                    yield e
+                    cursor = e.cursor
+                if watch is not None:
+                    await watch
+            finally:
+                if watch is not None and not watch.ready:
+                    watch.cancel()
+
+    # -- retention ----------------------------------------------------------
+
+    async def trim(self, owner: OwnerLike, conversation: str, *, retention: int | None = None) -> int:
+        """Delete events beyond the most recent ``retention``; returns how many were deleted.
+
+        Guarded: each transaction re-reads the trimmed count (which only
+        trimmers write, so concurrent trimmers conflict and serialise) and the
+        doomed keys; a 1021 retry recomputes from committed state.
+        """
+        tag = as_tag(owner)
+        keep = self.retention if retention is None else retention
+        if keep == 0:
+            return 0
+        total = 0
+        while True:
+            async def fn(tr: Any) -> int:
+                emitted = unpack_i64(await tr.snapshot.get(self.keys.emitted(tag, conversation)))
+                trimmed = unpack_i64(await tr.get(self.keys.trimmed(tag, conversation)))
+                excess = emitted - trimmed - keep
+                if excess <= 0:
+                    return 0
+                sub = self.keys.events(tag, conversation)
+                r = sub.range()
+                rows = await tr.snapshot.get_range(r.start, r.stop, limit=min(excess, TRIM_BATCH))
+                if not rows:
+                    return 0
+                last = rows[-1].key
+                tr.clear_range(rows[0].key, last + b"\x00")
+                tr.add(self.keys.trimmed(tag, conversation), pack_i64(len(rows)))
+                (vs,) = sub.unpack(last)
+                tr.set(self.keys.watermark(tag, conversation),
+                       bytes(vs.tr_version) + vs.user_version.to_bytes(2, "big"))
+                return len(rows)
+
+            n = await self.db.transact(fn)
+            total += n
+            if n < TRIM_BATCH:
+                self._grown.pop((tag, conversation), None)
+                return total
+
+    async def maybe_trim(self) -> int:
+        """Trim every conversation that grew past the slack since its last trim."""
+        if not self.retention:
+            self._grown.clear()
+            return 0
+        due = [ck for ck, n in self._grown.items() if n >= self.trim_slack]
+        total = 0
+        for tag, conv in due:
+            self._grown.pop((tag, conv), None)
+            total += await self.trim(tag, conv)
+        return total
+
+    async def run_trimmer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Service task: trims grown conversations as emits report them. Start it in
+        the runtime's nursery (``await nursery.start(journal.run_trimmer)``)."""
+        task_status.started()
+        while True:
+            await self._grown_event.wait()
+            self._grown_event = trio.Event()
+            try:
+                await self.maybe_trim()
+            except kv.KVError as e:  # retention is best effort; the next growth retries
+                log.warning("journal trim failed: %s", e)

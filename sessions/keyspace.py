@@ -1,0 +1,148 @@
+"""The sessions keyspace: every key this package reads or writes, in one place.
+
+All keys are FoundationDB tuple-encoded under ``root["s"]`` where ``root`` is the
+deployment's :class:`kv.Subspace` (default ``(b"surefoot",)``), so several
+deployments can share one cluster. ``T`` below is the owner tag
+(``"realm/subject"``); owned records live under ``("o", T, ...)`` so one owner's
+data is one contiguous range, and every owned value also stores ``"owner": T``
+which readers check again.
+
+Key (under root["s"])                       Value
+------------------------------------------  ---------------------------------------------
+("o", T, "cv", conv)                        CBOR {"owner": T}: the conversation exists for T
+                                            (written by the first journal emit; a journal read
+                                            of a conversation without it is NotFound)
+("o", T, "jn", conv, "e", <versionstamp>)   CBOR {"type", "data", "ts", "eid"}: one journal
+                                            event; the 12-byte versionstamp (10 commit + 2
+                                            per-transaction order) *is* the event's position
+("o", T, "jn", conv, "n")                   int64 LE: events ever emitted (atomic add; watched
+                                            by followers; never decreases, so no ABA)
+("o", T, "jn", conv, "t")                   int64 LE: events ever trimmed (atomic add, trimmers)
+("o", T, "jn", conv, "w")                   12 bytes: position of the last trimmed event (the
+                                            retention watermark; cursors <= it fell behind)
+("o", T, "ss", sid, "h")                    CBOR head {"owner", "n", "base", "seg", "tok",
+                                            "staging"}: message count, fork segments, last
+                                            append token; absent = no session
+("o", T, "ss", sid, "meta")                 CBOR metadata {"owner", "id", "created", "project",
+                                            "parent", "fork_at", "title", "extra"}
+("o", T, "ss", sid, "m", seq, chunk)        bytes: chunk ``chunk`` of message ``seq``'s CBOR
+("o", T, "sl", sid)                         b"": session listing index for the owner
+("o", T, "pj", pid)                         CBOR project {"owner", "id", "name", "created",
+                                            "agents": {agent_name: overrides}}
+("o", T, "pm", pid, sid)                    b"": session ``sid`` belongs to project ``pid``
+("o", T, "at", aid)                         CBOR attachment {"owner", "id", "state", "size",
+                                            "media_type", "filename", "sha256", "chunks",
+                                            "created"}
+("o", T, "ac", aid, i)                      bytes: attachment chunk i
+("ap", created_us, T, aid)                  b"": pending-attachment index (cleanup of
+                                            uploads a crash abandoned)
+("fs", created_us, T, sid)                  b"": staging-fork index (cleanup of copy-forks
+                                            a crash abandoned)
+"""
+
+from __future__ import annotations
+
+import kv
+
+__all__ = ["SessionsKeyspace", "DEFAULT_ROOT", "default_root"]
+
+#: The default deployment root: ``kv.Subspace((b"surefoot",))``.
+DEFAULT_ROOT = (b"surefoot",)
+
+
+def default_root() -> "kv.Subspace":
+    return kv.Subspace(DEFAULT_ROOT)
+
+
+class SessionsKeyspace:
+    """Key constructors for the table above. Pure; no I/O."""
+
+    __slots__ = ("root", "base")
+
+    def __init__(self, root: "kv.Subspace | None" = None) -> None:
+        self.root = root if root is not None else default_root()
+        self.base = self.root["s"]
+
+    def _sub(self, t: tuple) -> "kv.Subspace":
+        # Tuple encoding concatenates, so a raw prefix of the packed tuple is the
+        # same subspace as chaining ``base[a][b]...``, built once.
+        return kv.Subspace(raw_prefix=self.base.pack(t))
+
+    # -- owners -------------------------------------------------------------
+    def owner_range(self, tag: str) -> slice:
+        return self.base.range(("o", tag))
+
+    # -- conversations and journal -----------------------------------------
+    def conversation(self, tag: str, conv: str) -> bytes:
+        return self.base.pack(("o", tag, "cv", conv))
+
+    def conversations_range(self, tag: str) -> slice:
+        return self.base.range(("o", tag, "cv"))
+
+    def events(self, tag: str, conv: str) -> "kv.Subspace":
+        """Subspace of the journal's events; keys are ``(<versionstamp>,)`` inside it."""
+        return self._sub(("o", tag, "jn", conv, "e"))
+
+    def emitted(self, tag: str, conv: str) -> bytes:
+        return self.base.pack(("o", tag, "jn", conv, "n"))
+
+    def trimmed(self, tag: str, conv: str) -> bytes:
+        return self.base.pack(("o", tag, "jn", conv, "t"))
+
+    def watermark(self, tag: str, conv: str) -> bytes:
+        return self.base.pack(("o", tag, "jn", conv, "w"))
+
+    # -- sessions (transcripts) --------------------------------------------
+    def head(self, tag: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "ss", sid, "h"))
+
+    def meta(self, tag: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "ss", sid, "meta"))
+
+    def messages(self, tag: str, sid: str) -> "kv.Subspace":
+        """Subspace of message chunks: keys ``(seq, chunk)``."""
+        return self._sub(("o", tag, "ss", sid, "m"))
+
+    def session_range(self, tag: str, sid: str) -> slice:
+        return self.base.range(("o", tag, "ss", sid))
+
+    def session_listing(self, tag: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "sl", sid))
+
+    def session_listing_range(self, tag: str) -> slice:
+        return self.base.range(("o", tag, "sl"))
+
+    def staging_fork(self, created_us: int, tag: str, sid: str) -> bytes:
+        return self.base.pack(("fs", created_us, tag, sid))
+
+    def staging_forks_range(self) -> slice:
+        return self.base.range(("fs",))
+
+    # -- projects -----------------------------------------------------------
+    def project(self, tag: str, pid: str) -> bytes:
+        return self.base.pack(("o", tag, "pj", pid))
+
+    def projects_range(self, tag: str) -> slice:
+        return self.base.range(("o", tag, "pj"))
+
+    def project_member(self, tag: str, pid: str, sid: str) -> bytes:
+        return self.base.pack(("o", tag, "pm", pid, sid))
+
+    def project_members_range(self, tag: str, pid: str) -> slice:
+        return self.base.range(("o", tag, "pm", pid))
+
+    # -- attachments --------------------------------------------------------
+    def attachment(self, tag: str, aid: str) -> bytes:
+        return self.base.pack(("o", tag, "at", aid))
+
+    def attachment_chunks(self, tag: str, aid: str) -> "kv.Subspace":
+        return self._sub(("o", tag, "ac", aid))
+
+    def attachments_range(self, tag: str) -> slice:
+        return self.base.range(("o", tag, "at"))
+
+    def pending_attachment(self, created_us: int, tag: str, aid: str) -> bytes:
+        return self.base.pack(("ap", created_us, tag, aid))
+
+    def pending_attachments_range(self) -> slice:
+        return self.base.range(("ap",))

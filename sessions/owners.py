@@ -1,0 +1,88 @@
+"""Owners: who a record belongs to.
+
+An owner is a principal ``(realm, subject)`` taken from a verified credential
+(never from a request body). Its *tag* is ``"realm/subject"``; because neither
+part may contain ``/``, the tag parses back unambiguously and two different
+principals can never produce the same tag (``("a/b", "c")`` vs ``("a", "b/c")``
+is exactly the collision the refusal prevents).
+
+Every owned record is stored under its owner's key prefix *and* carries the tag
+in its value; readers check the stored tag again, so a key-construction bug can
+never hand one owner another's record. Foreign == missing: the same
+:class:`~sessions.errors.NotFound`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from .errors import InvalidOwner
+
+__all__ = ["Owner", "OwnerLike", "owner_tag", "as_tag", "parse_tag", "LOCAL_OWNER", "MAX_OWNER_PART"]
+
+#: Longest realm or subject accepted (keys carry the tag; FDB keys are <= 10,000 bytes).
+MAX_OWNER_PART = 256
+assert MAX_OWNER_PART * 2 + 1 < 1_000
+
+
+def _check_part(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidOwner(f"owner {name} must be a string")
+    if not value:
+        raise InvalidOwner(f"owner {name} must not be empty")
+    if "/" in value:
+        raise InvalidOwner(f"owner {name} must not contain '/'")
+    if len(value) > MAX_OWNER_PART:
+        raise InvalidOwner(f"owner {name} longer than {MAX_OWNER_PART} characters")
+    if any(ord(c) < 0x20 for c in value):
+        raise InvalidOwner(f"owner {name} must not contain control characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A principal. Construct with ``Owner(realm, subject)``; validation is immediate."""
+
+    realm: str
+    subject: str
+
+    def __post_init__(self) -> None:
+        _check_part("realm", self.realm)
+        _check_part("subject", self.subject)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.realm}/{self.subject}"
+
+    @classmethod
+    def from_tag(cls, tag: str) -> "Owner":
+        return parse_tag(tag)
+
+    def __str__(self) -> str:
+        return self.tag
+
+
+OwnerLike = Union[Owner, str]
+
+#: The owner of everything in the single-user embedded profile.
+LOCAL_OWNER = Owner("local", "default")
+
+
+def owner_tag(realm: str, subject: str) -> str:
+    """The tag of ``(realm, subject)``; raises :class:`InvalidOwner` for ``/`` or empty parts."""
+    return Owner(realm, subject).tag
+
+
+def parse_tag(tag: str) -> Owner:
+    if not isinstance(tag, str) or tag.count("/") != 1:
+        raise InvalidOwner("an owner tag is 'realm/subject' with exactly one '/'")
+    realm, subject = tag.split("/")
+    return Owner(realm, subject)
+
+
+def as_tag(owner: OwnerLike) -> str:
+    """Normalise an :class:`Owner` or a tag string to a validated tag."""
+    if isinstance(owner, Owner):
+        return owner.tag
+    return parse_tag(owner).tag

@@ -1,0 +1,460 @@
+"""Transcripts: a session's ordered messages.
+
+Shape
+    A session is a head key (message count, fork segments, last append token,
+    owner tag), numbered message keys ``(seq, chunk)`` and a metadata key (see
+    keyspace.py). Messages are any CBOR-able dicts; the loop defines their
+    contents (role, parts, tool calls, results...). A message larger than one
+    kv value is split into chunks, written in the same transaction.
+
+Appends
+    Every append is one transaction that reads the head (a read conflict), so a
+    concurrent appender gets :class:`SessionConflict` (with ``expected_head``)
+    or is serialised after the other (without it) — never an interleaved
+    history. An append past the transaction limit is refused with
+    :class:`TooLarge` before anything is written. Each append carries a random
+    token stored in the head, so a retry after ``commit_unknown_result``
+    recognises its own committed append instead of reporting a conflict.
+
+Forks
+    ``fork(session, at)`` makes a new session holding messages [0, at). By
+    default it is *by reference*: one transaction writes the new head with a
+    list of segments ``[(source session, lo, hi)]`` pointing at the parent's
+    messages. Messages are immutable once written (appends only add sequence
+    numbers >= the head), so a referenced range never changes: the fork is
+    unaffected by the parent's later appends, and since it is one transaction a
+    reader sees no fork or the whole fork. Sessions are never deleted while
+    referenced (this package has no session deletion).
+
+    When the reference chain would exceed ``MAX_FORK_SEGMENTS`` (or
+    ``by_reference=False``), the fork copies: a staging head (the sentinel)
+    is written first, messages are copied over as many transactions as needed,
+    and the real head is published last. A staging session reads as missing;
+    a crash mid-copy leaves a staging sentinel that :meth:`Transcripts.cleanup_staging`
+    removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+
+import kv
+
+from .codec import dumps, loads, split_chunks, CHUNK_SIZE
+from .errors import InvalidState, NotFound, SessionConflict, TooLarge
+from .keyspace import SessionsKeyspace
+from .owners import OwnerLike, as_tag
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Transcripts", "Message", "TranscriptPage", "SessionInfo",
+    "MAX_APPEND_BYTES", "MAX_FORK_SEGMENTS", "DEFAULT_READ_PAGE", "MAX_READ_PAGE", "check_session_id",
+]
+
+#: An append's encoded keys + values must stay under this (kv's transaction limit is 10,000,000).
+MAX_APPEND_BYTES = 9_000_000
+assert MAX_APPEND_BYTES < kv.limits.TRANSACTION_SIZE_LIMIT
+#: Longest reference chain a by-reference fork may build before it copies instead.
+MAX_FORK_SEGMENTS = 32
+DEFAULT_READ_PAGE = 200
+MAX_READ_PAGE = 5_000
+#: Copy-fork batch: keys and bytes per transaction (far under 5 s and 10 MB).
+COPY_BATCH_KEYS = 5_000
+COPY_BATCH_BYTES = 4_000_000
+MAX_SESSION_ID = 512
+_KEY_OVERHEAD = 64  # per message key, for the size estimate
+
+
+def check_session_id(sid: str) -> str:
+    if not isinstance(sid, str) or not sid or len(sid) > MAX_SESSION_ID:
+        raise ValueError(f"a session id is a non-empty string of at most {MAX_SESSION_ID} characters")
+    return sid
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    seq: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPage:
+    messages: list[Message]
+    head: int
+    next_seq: int | None  # None when the page reached the head
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    id: str
+    owner: str
+    head: int
+    created: float
+    project: str | None = None
+    parent: str | None = None
+    fork_at: int | None = None
+    title: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Transcripts:
+    """Sessions (transcripts) of every owner in one deployment root."""
+
+    def __init__(self, db: Any, root: "kv.Subspace | None" = None, *,
+                 clock: Callable[[], float] = time.time,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+        self.db = db
+        self.keys = SessionsKeyspace(root)
+        self.clock = clock
+        self.new_id = new_id
+
+    # -- records ------------------------------------------------------------
+
+    async def _head(self, tr: Any, tag: str, sid: str, *, snapshot: bool = False) -> dict[str, Any]:
+        reader = tr.snapshot if snapshot else tr
+        raw = await reader.get(self.keys.head(tag, sid))
+        if raw is None:
+            raise NotFound(f"session {sid!r} not found")
+        head = loads(raw)
+        if head.get("owner") != tag:
+            log.error("session head under %r carries a different owner tag", tag)
+            raise NotFound(f"session {sid!r} not found")
+        if head.get("staging"):
+            raise NotFound(f"session {sid!r} not found")
+        return head
+
+    async def create_tr(self, tr: Any, owner: OwnerLike, session_id: str | None = None, *,
+                        project: str | None = None, title: str | None = None,
+                        extra: Mapping[str, Any] | None = None) -> SessionInfo:
+        """Create a session, or return the existing one with that id (idempotent)."""
+        tag = as_tag(owner)
+        sid = check_session_id(session_id or self.new_id())
+        raw = await tr.get(self.keys.head(tag, sid))
+        if raw is not None:
+            head = loads(raw)
+            if head.get("staging"):
+                raise InvalidState(f"session {sid!r} is being created by a fork")
+            return await self._info(tr, tag, sid, head)
+        now = self.clock()
+        tr.set(self.keys.head(tag, sid), dumps({"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None}))
+        meta = {"owner": tag, "id": sid, "created": now, "project": project, "parent": None,
+                "fork_at": None, "title": title, "extra": dict(extra or {})}
+        tr.set(self.keys.meta(tag, sid), dumps(meta))
+        tr.set(self.keys.session_listing(tag, sid), b"")
+        if project is not None:
+            tr.set(self.keys.project_member(tag, project, sid), b"")
+        return SessionInfo(sid, tag, 0, now, project, None, None, title, dict(extra or {}))
+
+    async def create(self, owner: OwnerLike, session_id: str | None = None, **kw: Any) -> SessionInfo:
+        """Guarded (reads the head first): a retried create returns the committed session."""
+        sid = session_id or self.new_id()
+        return await self.db.transact(lambda tr: self.create_tr(tr, owner, sid, **kw))
+
+    async def _info(self, tr: Any, tag: str, sid: str, head: dict[str, Any]) -> SessionInfo:
+        raw = await tr.get(self.keys.meta(tag, sid))
+        meta = loads(raw) if raw is not None else {}
+        if meta and meta.get("owner") != tag:
+            raise NotFound(f"session {sid!r} not found")
+        return SessionInfo(sid, tag, head["n"], meta.get("created", 0.0), meta.get("project"), meta.get("parent"),
+                           meta.get("fork_at"), meta.get("title"), meta.get("extra") or {})
+
+    async def get_tr(self, tr: Any, owner: OwnerLike, session_id: str) -> SessionInfo:
+        tag = as_tag(owner)
+        head = await self._head(tr, tag, check_session_id(session_id))
+        return await self._info(tr, tag, session_id, head)
+
+    async def get(self, owner: OwnerLike, session_id: str) -> SessionInfo:
+        return await self.db.transact(lambda tr: self.get_tr(tr, owner, session_id))  # read-only
+
+    async def head_tr(self, tr: Any, owner: OwnerLike, session_id: str) -> int:
+        return (await self._head(tr, as_tag(owner), check_session_id(session_id)))["n"]
+
+    async def head(self, owner: OwnerLike, session_id: str) -> int:
+        return await self.db.transact(lambda tr: self.head_tr(tr, owner, session_id))  # read-only
+
+    async def exists(self, owner: OwnerLike, session_id: str) -> bool:
+        try:
+            await self.head(owner, session_id)
+            return True
+        except NotFound:
+            return False
+
+    async def list(self, owner: OwnerLike, *, project: str | None = None, limit: int = 1_000) -> list[str]:
+        """Session ids of ``owner`` (of one project if given), in id order. Read-only."""
+        tag = as_tag(owner)
+
+        async def fn(tr: Any) -> list[str]:
+            if project is None:
+                r = self.keys.session_listing_range(tag)
+            else:
+                r = self.keys.project_members_range(tag, project)
+            rows = await tr.get_range(r.start, r.stop, limit=limit)
+            return [kv.tuple.unpack(row.key[len(self.keys.base.key()):])[-1] for row in rows]
+
+        return await self.db.transact(fn)
+
+    # -- appends ------------------------------------------------------------
+
+    async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
+                        expected_head: int | None = None, token: bytes | None = None) -> int:
+        """Append ``messages`` in ``tr``; returns the new head (message count).
+
+        Guarded: reads the head (so a concurrent append conflicts) and, when a
+        ``token`` is given, recognises its own already-committed append.
+        Raises :class:`SessionConflict` when ``expected_head`` is given and the
+        head differs, :class:`TooLarge` before writing anything when the append
+        cannot fit one transaction.
+        """
+        tag = as_tag(owner)
+        check_session_id(session_id)
+        encoded: list[bytes] = []
+        size = 0
+        for m in messages:
+            if not isinstance(m, Mapping):
+                raise TypeError("a transcript message is a dict")
+            data = dumps(dict(m))
+            encoded.append(data)
+            size += len(data) + _KEY_OVERHEAD * (1 + len(data) // CHUNK_SIZE)
+        if size > MAX_APPEND_BYTES:
+            raise TooLarge(f"append of {size} bytes exceeds {MAX_APPEND_BYTES}; append fewer messages at a time")
+        head = await self._head(tr, tag, session_id)
+        n = head["n"]
+        if token is not None and head.get("tok") == token and (expected_head is None or n == expected_head + len(encoded)):
+            return n  # this very append already committed (1021 retry)
+        if expected_head is not None and n != expected_head:
+            raise SessionConflict(f"session {session_id!r} head is {n}, expected {expected_head}",
+                                  expected=expected_head, actual=n)
+        msgs = self.keys.messages(tag, session_id)
+        for i, data in enumerate(encoded):
+            for c, chunk in enumerate(split_chunks(data)):
+                tr.set(msgs.pack((n + i, c)), chunk)
+        head["n"] = n + len(encoded)
+        head["tok"] = token
+        tr.set(self.keys.head(tag, session_id), dumps(head))
+        return head["n"]
+
+    async def append(self, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
+                     expected_head: int | None = None) -> int:
+        """Append in a transaction of its own. Guarded by a token chosen before the first attempt."""
+        token = os.urandom(16)
+        return await self.db.transact(
+            lambda tr: self.append_tr(tr, owner, session_id, messages, expected_head=expected_head, token=token))
+
+    # -- reads --------------------------------------------------------------
+
+    @staticmethod
+    def _pieces(head: dict[str, Any], sid: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """The (source session, lo, hi) ranges that hold messages [start, stop)."""
+        out = []
+        for src, lo, hi in head.get("seg") or ():
+            lo2, hi2 = max(lo, start), min(hi, stop)
+            if lo2 < hi2:
+                out.append((src, lo2, hi2))
+        lo2 = max(head.get("base", 0), start)
+        if lo2 < stop:
+            out.append((sid, lo2, stop))
+        return out
+
+    async def _read_range(self, tr: Any, tag: str, src: str, lo: int, hi: int) -> list[Message]:
+        msgs = self.keys.messages(tag, src)
+        rows = await tr.get_range(msgs.pack((lo,)), msgs.pack((hi,)))
+        out: list[Message] = []
+        cur_seq: int | None = None
+        parts: list[bytes] = []
+        for row in rows:
+            seq, _chunk = msgs.unpack(row.key)
+            if seq != cur_seq:
+                if cur_seq is not None:
+                    out.append(Message(cur_seq, loads(b"".join(parts))))
+                cur_seq, parts = seq, []
+            parts.append(row.value)
+        if cur_seq is not None:
+            out.append(Message(cur_seq, loads(b"".join(parts))))
+        if len(out) != hi - lo:
+            raise InvalidState(f"session {src!r} is missing messages in [{lo}, {hi})")
+        return out
+
+    async def read_tr(self, tr: Any, owner: OwnerLike, session_id: str, start: int = 0,
+                      limit: int = DEFAULT_READ_PAGE) -> TranscriptPage:
+        """Messages [start, start+limit) clipped at the head: O(page)."""
+        tag = as_tag(owner)
+        if not 0 < limit <= MAX_READ_PAGE:
+            raise ValueError(f"limit must be in 1..{MAX_READ_PAGE}")
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        head = await self._head(tr, tag, check_session_id(session_id))
+        n = head["n"]
+        stop = min(n, start + limit)
+        out: list[Message] = []
+        for src, lo, hi in self._pieces(head, session_id, start, stop):
+            out.extend(await self._read_range(tr, tag, src, lo, hi))
+        return TranscriptPage(out, n, stop if stop < n else None)
+
+    async def read(self, owner: OwnerLike, session_id: str, start: int = 0,
+                   limit: int = DEFAULT_READ_PAGE) -> TranscriptPage:
+        return await self.db.transact(lambda tr: self.read_tr(tr, owner, session_id, start, limit))  # read-only
+
+    async def read_all(self, owner: OwnerLike, session_id: str, start: int = 0,
+                       page: int = DEFAULT_READ_PAGE) -> list[Message]:
+        """All messages from ``start`` to the head at the first page's read (page by page)."""
+        out: list[Message] = []
+        first = await self.read(owner, session_id, start, page)
+        out.extend(first.messages)
+        end = first.head
+        nxt = first.next_seq
+        while nxt is not None and nxt < end:
+            p = await self.read(owner, session_id, nxt, min(page, end - nxt))
+            out.extend(p.messages)
+            nxt = p.next_seq if p.next_seq is not None and p.next_seq < end else None
+        return out
+
+    # -- forks --------------------------------------------------------------
+
+    async def fork(self, owner: OwnerLike, session_id: str, at: int, *, new_session_id: str | None = None,
+                   by_reference: bool = True, title: str | None = None) -> SessionInfo:
+        """A new session holding messages [0, at) of ``session_id``; see the module docstring."""
+        tag = as_tag(owner)
+        check_session_id(session_id)
+        new_sid = check_session_id(new_session_id or self.new_id())
+        if by_reference:
+            info = await self.db.transact(lambda tr: self._fork_ref_tr(tr, tag, session_id, at, new_sid, title))
+            if info is not None:
+                return info
+        return await self._fork_copy(tag, session_id, at, new_sid, title)
+
+    async def _fork_ref_tr(self, tr: Any, tag: str, sid: str, at: int, new_sid: str,
+                           title: str | None) -> SessionInfo | None:
+        # Guarded: an existing head for new_sid that is our fork of (sid, at) is returned as is.
+        parent = await self._head(tr, tag, sid)
+        if not 0 <= at <= parent["n"]:
+            raise ValueError(f"fork point {at} outside [0, {parent['n']}]")
+        existing = await tr.get(self.keys.head(tag, new_sid))
+        if existing is not None:
+            return await self._existing_fork(tr, tag, sid, at, new_sid, loads(existing))
+        seg = [list(p) for p in self._pieces(parent, sid, 0, at)]
+        if len(seg) > MAX_FORK_SEGMENTS:
+            return None  # too deep a chain: copy instead
+        now = self.clock()
+        tr.set(self.keys.head(tag, new_sid), dumps({"owner": tag, "n": at, "base": at, "seg": seg, "tok": None}))
+        pmeta_raw = await tr.get(self.keys.meta(tag, sid))
+        project = loads(pmeta_raw).get("project") if pmeta_raw else None
+        self._write_fork_meta(tr, tag, new_sid, sid, at, now, project, title)
+        return SessionInfo(new_sid, tag, at, now, project, sid, at, title, {})
+
+    def _write_fork_meta(self, tr: Any, tag: str, new_sid: str, sid: str, at: int, now: float,
+                         project: str | None, title: str | None) -> None:
+        meta = {"owner": tag, "id": new_sid, "created": now, "project": project, "parent": sid,
+                "fork_at": at, "title": title, "extra": {}}
+        tr.set(self.keys.meta(tag, new_sid), dumps(meta))
+        tr.set(self.keys.session_listing(tag, new_sid), b"")
+        if project is not None:
+            tr.set(self.keys.project_member(tag, project, new_sid), b"")
+
+    async def _existing_fork(self, tr: Any, tag: str, sid: str, at: int, new_sid: str,
+                             head: dict[str, Any]) -> SessionInfo:
+        raw = await tr.get(self.keys.meta(tag, new_sid))
+        meta = loads(raw) if raw else {}
+        if meta.get("parent") != sid or meta.get("fork_at") != at or head.get("owner") != tag:
+            raise SessionConflict(f"session {new_sid!r} already exists")
+        if head.get("staging"):
+            raise InvalidState(f"fork {new_sid!r} is still being copied")
+        return await self._info(tr, tag, new_sid, head)
+
+    async def _fork_copy(self, tag: str, sid: str, at: int, new_sid: str, title: str | None) -> SessionInfo:
+        created_us = int(self.clock() * 1e6)
+
+        # 1. The staging sentinel. Guarded: re-reads the new head.
+        async def begin(tr: Any) -> tuple[dict[str, Any], SessionInfo | None, str | None]:
+            parent = await self._head(tr, tag, sid)
+            if not 0 <= at <= parent["n"]:
+                raise ValueError(f"fork point {at} outside [0, {parent['n']}]")
+            existing = await tr.get(self.keys.head(tag, new_sid))
+            if existing is not None:
+                head = loads(existing)
+                if head.get("staging") and head.get("fork_of") == [sid, at]:
+                    return parent, None, None  # resume our own staging copy
+                return parent, await self._existing_fork(tr, tag, sid, at, new_sid, head), None
+            pmeta_raw = await tr.get(self.keys.meta(tag, sid))
+            project = loads(pmeta_raw).get("project") if pmeta_raw else None
+            tr.set(self.keys.head(tag, new_sid), dumps({"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None,
+                                                        "staging": True, "fork_of": [sid, at],
+                                                        "created_us": created_us}))
+            tr.set(self.keys.staging_fork(created_us, tag, new_sid), b"")
+            return parent, None, project
+
+        parent, done, project = await self.db.transact(begin)
+        if done is not None:
+            return done
+        dst = self.keys.messages(tag, new_sid)
+        # 2. Copy, piece by piece, in bounded transactions. Idempotent: the same
+        #    bytes land on the same keys however often a batch is retried.
+        for src, lo, hi in self._pieces(parent, sid, 0, at):
+            src_msgs = self.keys.messages(tag, src)
+            cursor = src_msgs.pack((lo,))
+            stop = src_msgs.pack((hi,))
+            while cursor < stop:
+                async def batch(tr: Any, cursor: bytes = cursor) -> bytes:
+                    head = await tr.get(self.keys.head(tag, new_sid))
+                    if head is None or not loads(head).get("staging"):
+                        raise InvalidState(f"fork {new_sid!r} staging record vanished (cleaned up?)")
+                    nbytes = 0
+                    last = None
+                    async for row in tr.snapshot.get_range(cursor, stop, limit=COPY_BATCH_KEYS):
+                        tr.set(dst.raw_prefix + row.key[len(src_msgs.raw_prefix):], row.value)
+                        nbytes += len(row.key) + len(row.value)
+                        last = row.key
+                        if nbytes >= COPY_BATCH_BYTES:
+                            break
+                    return stop if last is None else last + b"\x00"
+
+                cursor = await self.db.transact(batch)
+
+        # 3. Publish the head last. Guarded: only a staging head of this fork is replaced.
+        async def publish(tr: Any) -> SessionInfo:
+            raw = await tr.get(self.keys.head(tag, new_sid))
+            head = loads(raw) if raw else None
+            if head is None:
+                raise InvalidState(f"fork {new_sid!r} staging record vanished (cleaned up?)")
+            if not head.get("staging"):
+                return await self._info(tr, tag, new_sid, head)
+            now = self.clock()
+            tr.set(self.keys.head(tag, new_sid), dumps({"owner": tag, "n": at, "base": 0, "seg": [], "tok": None}))
+            tr.clear(self.keys.staging_fork(head.get("created_us", created_us), tag, new_sid))
+            self._write_fork_meta(tr, tag, new_sid, sid, at, now, project, title)
+            return SessionInfo(new_sid, tag, at, now, project, sid, at, title, {})
+
+        return await self.db.transact(publish)
+
+    async def cleanup_staging(self, older_than: float = 3600.0) -> int:
+        """Remove copy-forks a crash left in staging for longer than ``older_than`` seconds.
+
+        Guarded: each removal re-reads the head and only clears a staging one.
+        """
+        cutoff_us = int((self.clock() - older_than) * 1e6)
+        removed = 0
+        while True:
+            async def fn(tr: Any) -> int:
+                r = self.keys.staging_forks_range()
+                rows = await tr.get_range(r.start, self.keys.staging_fork(cutoff_us, "", ""), limit=50)
+                n = 0
+                for row in rows:
+                    _fs, created_us, tag, sid = kv.tuple.unpack(row.key[len(self.keys.base.key()):])
+                    raw = await tr.get(self.keys.head(tag, sid))
+                    if raw is not None and loads(raw).get("staging"):
+                        sr = self.keys.session_range(tag, sid)
+                        tr.clear_range(sr.start, sr.stop)
+                        tr.clear(self.keys.head(tag, sid))
+                        n += 1
+                    tr.clear(row.key)
+                return len(rows) and n or (0 if not rows else -1)
+
+            n = await self.db.transact(fn)
+            if n == 0:
+                return removed
+            removed += max(n, 0)

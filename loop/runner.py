@@ -152,15 +152,22 @@ class Runner:
             except kv.KVError as e:
                 # A storage failure aborts the turn: the lease lapses, the run is re-claimed.
                 log.error("run %s: storage failure %s; turn aborted", self.run_id, e)
-                with trio.CancelScope(shield=True):
-                    try:
-                        await self.store.release(self.claim)
-                    except Exception:  # noqa: BLE001 — best effort, the lease expires anyway
-                        pass
+                await self._abort()
+            except Exception:  # noqa: BLE001 — a bug (ours, a hook's) must not take the runtime down
+                log.exception("run %s: unexpected failure; turn aborted (the next attempt resumes it)", self.run_id)
+                await self._abort()
             finally:
                 nursery.cancel_scope.cancel()
         if self._lease_lost:
             log.warning("run %s: lease lost during renewal; stopped", self.run_id)
+
+    async def _abort(self) -> None:
+        """Give the run back (attempts stay bounded by the ledger's max_attempts)."""
+        with trio.CancelScope(shield=True):
+            try:
+                await self.store.release(self.claim)
+            except Exception:  # noqa: BLE001 — best effort, the lease expires anyway
+                pass
 
     async def _keep_lease(self, scope: trio.CancelScope) -> None:
         interval = max(0.05, self.store.lease_seconds / 3)

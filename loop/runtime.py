@@ -237,18 +237,23 @@ class Runtime:
         result_schema: Mapping[str, Any] | None = None,
         owner: str | None = None,
         policy: str = "queue",
+        limits: Mapping[str, int] | None = None,
     ) -> Acknowledgement:
         """Durably accept a run; returns once the acknowledgement is committed.
 
         The same ``submission_id`` with the same request returns the same run
         (or its settled outcome); with a different request it is a conflict
-        (the ledger's ``SubmissionConflict``).
+        (the ledger's ``SubmissionConflict``).  ``limits`` (``{"max_tokens": N}``)
+        is the run's usage ceiling: a model call that would pass it is refused
+        before it is made and the run fails with ``usage_limit``.
         """
         self.register(agent)
         delivery: dict[str, Any] = {"agent": agent.name, "message": message if isinstance(message, str) else dict(message)}
         if isinstance(agent.model, str):
             delivery["model"] = agent.model
             delivery["instructions"] = agent.instructions
+        if limits:
+            delivery["limits"] = dict(limits)
         ack = await self.store.submit(
             owner or self.owner,
             conversation,
@@ -269,10 +274,12 @@ class Runtime:
         submission_id: str | None = None,
         result_schema: Mapping[str, Any] | None = None,
         owner: str | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> Outcome:
         """Submit and wait until the run settles; returns its :class:`Outcome` (never raises for a failed run)."""
         ack = await self.submit(
-            agent, conversation, message, submission_id=submission_id, result_schema=result_schema, owner=owner
+            agent, conversation, message, submission_id=submission_id, result_schema=result_schema, owner=owner,
+            limits=limits,
         )
         return await self.wait(ack, owner=owner)
 

@@ -192,7 +192,7 @@ class Store:
                 raise NotFound(f"run {run_id!r} not found")
             c = st.calls.get(call_id)
             if c is None or c.get("state") != CALL_APPROVAL:
-                if c is not None and c.get("state") in (CALL_APPROVED, CALL_DENIED) and bool(c.get("allow")) == bool(allow):
+                if c is not None and "allow" in c and bool(c["allow"]) == bool(allow):
                     return  # the same decision again (a retried request): nothing to do
                 raise ApprovalError(f"no approval pending for call {call_id!r} of run {run_id!r}")
             c.update({"state": CALL_APPROVED if allow else CALL_DENIED, "allow": bool(allow)})

@@ -1,0 +1,465 @@
+"""The durable loop through the embedded Runtime, on the real memory and lmdb engines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from loop import Agent, ApprovalError, Hooks, NotFound, RetryPolicy, Runtime, ScriptedModel, ToolContext, tool
+from loop import messages as M
+from loop.providers import broken, overflow, permanent, reply, tool_call, transient
+from loop.compaction import SUMMARY_PREFIX
+
+
+def roles(msgs):
+    return [m["role"] for m in msgs]
+
+
+async def all_events(rt, conv):
+    page = await rt.read_events(conv, limit=10_000)
+    return page.events
+
+
+def types(events):
+    return [e.type for e in events]
+
+
+def tool_then_answer(name, args, answer="done"):
+    """A script: call ``name`` once, then answer (keyed on the context, so replayable)."""
+
+    def script(messages, tools):
+        if messages[-1]["role"] == "tool":
+            return answer
+        return reply("working", tool_call(name, args))
+
+    return script
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+async def rt(request, tmp_path):
+    url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
+    async with Runtime.open(url) as rt:
+        yield rt
+
+
+async def test_turn_with_tool_persists_and_journals_everything(rt):
+    effects = []
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        effects.append((a, b))
+        return a + b
+
+    agent = Agent("calc", "You add.", ScriptedModel(tool_then_answer("add", {"a": 2, "b": 3}, "5")), tools=[add])
+    out = await rt.run(agent, "c1", "2+3?")
+    assert out.ok and out.result == "5" and out.text == "5"
+    assert effects == [(2, 3)]
+    msgs = await rt.transcript("c1")
+    assert roles(msgs) == ["user", "assistant", "tool", "assistant"]
+    assert msgs[2]["content"][0] == {"type": "tool_result", "call_id": "call_1_0", "name": "add", "content": "5", "is_error": False}
+    evs = await all_events(rt, "c1")
+    t = types(evs)
+    assert t[0] == "run.queued" and t[1] == "run.started" and t[-1] == "run.completed"
+    assert t.index("tool.started") < t.index("tool.completed")
+    assert t.count("message.added") == 4 and t.count("usage.updated") == 2
+    assert "part.added" in t
+    done = evs[-1].data
+    assert done["run_id"] == out.run_id and done["result"] == "5"
+    info = await rt.get_run(out.run_id)
+    assert info.status == "completed" and info.attempt == 1 and info.agent == "calc"
+
+
+async def test_submit_ack_cursor_and_live_events(rt):
+    agent = Agent("e", model="echo")
+    ack = await rt.submit(agent, "c2", "hello", submission_id="sub-1")
+    assert ack.run_id and ack.cursor and ack.submission_id == "sub-1" and not ack.duplicate
+    seen = []
+    async for ev in rt.events("c2", after=ack.cursor):
+        seen.append(ev)
+        if ev.type == "run.completed":
+            break
+    assert seen[0].type == "run.started"  # strictly after the run.queued cursor
+    assert seen[-1].data["result"] == "You said: hello"
+    # replayed positions equal the live ones
+    replay = [e for e in await all_events(rt, "c2") if e.cursor > ack.cursor]
+    assert [e.cursor for e in replay] == [e.cursor for e in seen]
+
+
+async def test_duplicate_submission_returns_the_same_run(rt):
+    agent = Agent("e", model="echo")
+    out = await rt.run(agent, "c3", "once", submission_id="dup")
+    ack2 = await rt.submit(agent, "c3", "once", submission_id="dup")
+    assert ack2.duplicate and ack2.run_id == out.run_id and ack2.outcome["status"] == "completed"
+    assert (await rt.wait(ack2)).result == out.result
+    with pytest.raises(Exception, match="different"):
+        await rt.submit(agent, "c3", "twice", submission_id="dup")
+    assert roles(await rt.transcript("c3")) == ["user", "assistant"]  # one run only
+
+
+async def test_runs_queue_fifo_per_conversation(rt):
+    agent = Agent("e", model="echo")
+    acks = [await rt.submit(agent, "c4", f"m{i}") for i in range(4)]
+    outs = [await rt.wait(a) for a in acks]
+    assert [o.result for o in outs] == [f"You said: m{i}" for i in range(4)]
+    msgs = await rt.transcript("c4")
+    assert [M.text_of(m) for m in msgs] == [x for i in range(4) for x in (f"m{i}", f"You said: m{i}")]
+    started = [e.data["run_id"] for e in await all_events(rt, "c4") if e.type == "run.started"]
+    assert started == [a.run_id for a in acks]
+
+
+async def test_transient_retries_are_journaled_not_recorded(autojump_clock):
+    model = ScriptedModel([transient("overloaded", retry_after=5), transient("busy", status=503), "finally"])
+    agent = Agent("r", model=model, retry=RetryPolicy(jitter=0))
+    async with Runtime.open("memory:") as rt:
+        t0 = trio.current_time()
+        out = await rt.run(agent, "c5", "hi")
+        elapsed = trio.current_time() - t0
+        assert out.ok and out.result == "finally"
+        evs = await all_events(rt, "c5")
+        retries = [e.data for e in evs if e.type == "run.retry-pending"]
+        assert [(r["attempt"], r["maxAttempts"]) for r in retries] == [(2, 4), (3, 4)]
+        assert [r["delay"] for r in retries] == [5.0, 4.0]  # retry-after honoured, then 2 s doubling
+        assert retries[0]["error"]["kind"] == "transient" and retries[1]["error"]["status"] == 503
+        assert retries[1]["nextAttemptAt"] > retries[0]["nextAttemptAt"]
+        assert elapsed >= 9.0
+        # the errors never reached the transcript
+        assert roles(await rt.transcript("c5")) == ["user", "assistant"]
+        assert len(model.calls) == 3
+
+
+async def test_retries_exhausted_fail_the_run(autojump_clock):
+    model = ScriptedModel([transient()] * 4)
+    agent = Agent("r", model=model, retry=RetryPolicy(jitter=0))
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c6", "hi")
+        assert out.status == "failed" and out.error["kind"] == "transient"
+        msgs = await rt.transcript("c6")
+        assert roles(msgs) == ["user", "error"]
+        assert len([e for e in await all_events(rt, "c6") if e.type == "run.retry-pending"]) == 3
+        assert len(model.calls) == 4
+
+
+async def test_permanent_error_is_recorded_and_fails_the_run(rt):
+    model = ScriptedModel([permanent("invalid x-api-key", status=401)])
+    out = await rt.run(Agent("p", model=model), "c7", "hi")
+    assert out.status == "failed" and out.error == {"kind": "permanent", "message": "invalid x-api-key", "status": 401, "provider": "scripted"}
+    msgs = await rt.transcript("c7")
+    assert msgs[-1] == {"role": "error", "error": out.error}
+    evs = await all_events(rt, "c7")
+    assert evs[-1].type == "run.failed" and "run.retry-pending" not in types(evs)
+
+
+async def test_stream_broken_after_output_is_not_retried(rt):
+    model = ScriptedModel([broken("partial answer that breaks", after=1), "never"])
+    out = await rt.run(Agent("b", model=model), "c8", "hi")
+    assert out.status == "failed" and out.error["kind"] == "stream_broken"
+    assert len(model.calls) == 1
+    evs = await all_events(rt, "c8")
+    assert "part.added" in types(evs)  # what streamed stays visible
+    assert roles(await rt.transcript("c8")) == ["user", "error"]
+
+
+async def test_overflow_compacts_once_then_retries(rt):
+    calls = []
+
+    def script(messages, tools):
+        calls.append(messages)
+        if len(calls) == 1:
+            return overflow()
+        if len(calls) == 2:
+            return "SUMMARY: the user said many things"
+        return "answer after compaction"
+
+    agent = Agent("o", model=ScriptedModel(script), keep_recent=2)
+    # some history first
+    for i in range(3):
+        await rt.run(Agent("e", model="echo"), "c9", f"earlier {i}")
+    out = await rt.run(agent, "c9", "now")
+    assert out.ok and out.result == "answer after compaction"
+    msgs = await rt.transcript("c9")
+    entry = next(m for m in msgs if m["role"] == "compaction")
+    assert entry["summary"] == "SUMMARY: the user said many things" and entry["reason"] == "overflow"
+    last_call = calls[-1]
+    assert M.text_of(last_call[0]).startswith(SUMMARY_PREFIX)
+    assert M.text_of(last_call[-1]) == "now"
+    assert len(last_call) < len([m for m in msgs if m["role"] in ("user", "assistant")])
+    assert "context.compacted" in types(await all_events(rt, "c9"))
+    # the full history is still there
+    assert sum(1 for m in msgs if m["role"] == "user") == 4
+
+
+async def test_second_overflow_fails(rt):
+    for i in range(3):
+        await rt.run(Agent("e", model="echo"), "c10", f"earlier {i}")
+    model = ScriptedModel([overflow(), "summary", overflow()])
+    out = await rt.run(Agent("o", model=model, keep_recent=2), "c10", "now")
+    assert out.status == "failed" and out.error["kind"] == "overflow"
+
+
+async def test_threshold_compaction(rt):
+    seen = []
+
+    def script(messages, tools):
+        seen.append(messages)
+        if messages and "Summarise this conversation" in M.text_of(messages[-1]):
+            return "short summary"
+        return "ok " + "x" * 200
+
+    agent = Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2)
+    for i in range(4):
+        out = await rt.run(agent, "c11", f"question {i} " + "y" * 100)
+        assert out.ok
+    msgs = await rt.transcript("c11")
+    assert any(m["role"] == "compaction" and m["reason"] == "threshold" for m in msgs)
+    assert M.text_of(seen[-1][0]).startswith(SUMMARY_PREFIX)
+
+
+async def test_approval_parks_then_approve_resumes(rt):
+    effects = []
+
+    @tool(requires_approval=True)
+    def pay(amount: int, ctx: ToolContext) -> str:
+        """Pay someone."""
+        effects.append((amount, ctx.idempotency_key))
+        return "paid"
+
+    agent = Agent("a", model=ScriptedModel(tool_then_answer("pay", {"amount": 7}, "all paid")), tools=[pay])
+    ack = await rt.submit(agent, "c12", "pay 7")
+    async for ev in rt.events("c12", after=ack.cursor):
+        if ev.type == "approval.requested":
+            req = ev.data
+            break
+    info = await rt.get_run(ack.run_id)
+    assert info.status == "parked" and list(info.pending_approvals) == [req["call_id"]]
+    assert req["name"] == "pay" and req["arguments"] == {"amount": 7}
+    assert effects == []
+    with pytest.raises(ApprovalError):
+        await rt.approve(ack.run_id, "no-such-call")
+    await rt.approve(ack.run_id, req["call_id"], True, "looks right")
+    out = await rt.wait(ack)
+    assert out.ok and out.result == "all paid"
+    assert effects == [(7, f"{ack.run_id}:{req['call_id']}")]
+    t = types(await all_events(rt, "c12"))
+    assert t.index("approval.requested") < t.index("approval.resolved") < t.index("tool.started")
+    await rt.approve(ack.run_id, req["call_id"], True)  # the same decision again: harmless
+
+
+async def test_denial_is_an_error_result_the_model_sees(rt):
+    effects = []
+
+    @tool(requires_approval=True)
+    def delete_all() -> str:
+        """Delete everything."""
+        effects.append(1)
+        return "deleted"
+
+    seen = []
+
+    def script(messages, tools):
+        seen.append(messages[-1])
+        if messages[-1]["role"] == "tool":
+            return "ok, I will not"
+        return reply("", tool_call("delete_all"))
+
+    ack = await rt.submit(Agent("d", model=ScriptedModel(script), tools=[delete_all]), "c13", "wipe")
+    async for ev in rt.events("c13", after=ack.cursor):
+        if ev.type == "approval.requested":
+            await rt.approve(ack.run_id, ev.data["call_id"], False, "too dangerous")
+            break
+    out = await rt.wait(ack)
+    assert out.ok and effects == []
+    result = seen[-1]["content"][0]
+    assert result["is_error"] and result["reason"] == "denied" and "too dangerous" in result["content"]
+
+
+async def test_cancel_during_a_tool_is_cooperative(rt):
+    started = trio.Event()
+
+    @tool
+    async def long_job(ctx: ToolContext) -> str:
+        """Work until cancelled."""
+        started.set()
+        while not ctx.cancelled:
+            await trio.sleep(0.01)
+        return "stopped early"
+
+    model = ScriptedModel(tool_then_answer("long_job", {}, "should not be asked"))
+    ack = await rt.submit(Agent("c", model=model, tools=[long_job]), "c14", "go")
+    await started.wait()
+    await rt.cancel(ack.run_id)
+    out = await rt.wait(ack)
+    assert out.status == "cancelled"
+    assert len(model.calls) == 1  # no model call after the cancel
+    msgs = await rt.transcript("c14")
+    assert msgs[-1]["content"][0]["content"] == "stopped early"  # the tool's own result is kept
+    assert types(await all_events(rt, "c14"))[-1] == "run.cancelled"
+
+
+async def test_cancel_a_queued_run(rt):
+    gate = trio.Event()
+
+    @tool
+    async def wait_gate() -> str:
+        """Wait."""
+        await gate.wait()
+        return "open"
+
+    agent = Agent("g", model=ScriptedModel(tool_then_answer("wait_gate", {}, "first done")), tools=[wait_gate])
+    first = await rt.submit(agent, "c15", "one")
+    second = await rt.submit(Agent("e", model="echo"), "c15", "two")
+    info = await rt.cancel(second.run_id)
+    assert info.status == "cancelled"
+    gate.set()
+    assert (await rt.wait(first)).ok
+    assert (await rt.wait(second)).status == "cancelled"
+    assert roles(await rt.transcript("c15")) == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_usage_ceiling_stops_the_run(rt):
+    model = ScriptedModel(lambda m, t: reply("again", tool_call("noop")) if len(m) < 20 else "end")
+
+    @tool
+    def noop() -> str:
+        """Nothing."""
+        return "ok"
+
+    out = await rt.run(Agent("u", model=model, tools=[noop]), "c16", "loop", limits={"max_tokens": 60})
+    assert out.status == "failed" and out.error["kind"] == "usage_limit"
+    assert "usage ceiling" in out.error["message"]
+    assert 1 <= len(model.calls) < 10
+
+
+async def test_result_schema(rt):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    good = await rt.run(Agent("s", model=ScriptedModel(['```json\n{"n": 4}\n```'])), "c17", "count", result_schema=schema)
+    assert good.ok and good.result == {"n": 4}
+    bad = await rt.run(Agent("s2", model=ScriptedModel(['{"n": "four"}'])), "c17", "count", result_schema=schema)
+    assert bad.status == "failed" and bad.error["kind"] == "result_schema"
+    assert "$.n: expected integer" in bad.error["message"]
+    not_json = await rt.run(Agent("s3", model=ScriptedModel(["four"])), "c17", "count", result_schema=schema)
+    assert not_json.status == "failed" and "not JSON" in not_json.error["message"]
+    msgs = await rt.transcript("c17")
+    assert roles(msgs)[-2:] == ["assistant", "error"]
+
+
+async def test_unknown_tool_and_bad_arguments_become_results(rt):
+    @tool
+    def square(x: int) -> int:
+        """Square."""
+        return x * x
+
+    script = ScriptedModel([
+        reply("", tool_call("cube", {"x": 2}), tool_call("square", {"x": "two"}), tool_call("square", {"x": 3})),
+        "done",
+    ])
+    out = await rt.run(Agent("t", model=script, tools=[square]), "c18", "go")
+    assert out.ok
+    results = [m["content"][0] for m in await rt.transcript("c18") if m["role"] == "tool"]
+    assert [(r["reason"] if r["is_error"] else r["content"]) for r in results] == ["unknown_tool", "invalid_arguments", "9"]
+
+
+async def test_hooks_rewrite_the_request_and_the_result(rt):
+    def before(info):
+        info.system = "REWRITTEN " + info.system
+
+    def after(info):
+        info.content = info.content.upper()
+
+    @tool
+    def shout() -> str:
+        """Say it."""
+        return "quiet"
+
+    model = ScriptedModel(tool_then_answer("shout", {}, "ok"))
+    agent = Agent("h", "base", model, tools=[shout], hooks=Hooks(before_model_call=before, after_tool=after))
+    await rt.run(agent, "c19", "go")
+    assert all(c["system"] == "REWRITTEN base" for c in model.calls)
+    tool_msg = next(m for m in await rt.transcript("c19") if m["role"] == "tool")
+    assert tool_msg["content"][0]["content"] == "QUIET"
+
+
+async def test_durable_steps_and_tool_errors(rt):
+    charges = []
+
+    @tool
+    async def charge(ctx: ToolContext) -> str:
+        """Charge once."""
+        a = await ctx.step("charge", lambda: charges.append(ctx.idempotency_key) or len(charges))
+        with pytest.raises(ValueError):
+            await ctx.step("charge", lambda: None)
+        return f"charge #{a}"
+
+    @tool
+    def explode() -> str:
+        """Fail."""
+        raise RuntimeError("kaboom")
+
+    model = ScriptedModel([reply("", tool_call("charge"), tool_call("explode")), "done"])
+    out = await rt.run(Agent("st", model=model, tools=[charge, explode]), "c20", "go")
+    assert out.ok and len(charges) == 1
+    results = [m["content"][0] for m in await rt.transcript("c20") if m["role"] == "tool"]
+    assert results[0]["content"] == "charge #1"
+    assert results[1]["is_error"] and results[1]["content"] == "RuntimeError: kaboom"
+
+
+async def test_max_model_calls(rt):
+    @tool
+    def again() -> str:
+        """Again."""
+        return "again"
+
+    model = ScriptedModel(lambda m, t: reply("", tool_call("again")))
+    out = await rt.run(Agent("m", model=model, tools=[again], max_model_calls=3), "c21", "go")
+    assert out.status == "failed" and out.error["kind"] == "max_model_calls"
+    assert len(model.calls) == 3
+
+
+async def test_fork_and_not_found(rt):
+    agent = Agent("e", model="echo")
+    await rt.run(agent, "c22", "one")
+    await rt.run(agent, "c22", "two")
+    new = await rt.fork("c22", 2, new_conversation="c22-fork")
+    assert new == "c22-fork"
+    assert [M.text_of(m) for m in await rt.transcript("c22-fork")] == ["one", "You said: one"]
+    out = await rt.run(agent, "c22-fork", "three")
+    assert out.ok and len(await rt.transcript("c22-fork")) == 4 and len(await rt.transcript("c22")) == 4
+    with pytest.raises(NotFound):
+        await rt.get_run("nope")
+    with pytest.raises(NotFound):
+        await rt.get_run(out.run_id, owner="other/user")  # a foreign run is a missing run
+
+
+async def test_retry_exhausted_after_repeated_crashes(tmp_path):
+    """Each open after a 'crash' (a runtime closed mid-run) is a new attempt; past the max, the run fails."""
+    model = ScriptedModel(lambda m, t: reply("", tool_call("hang")))
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        await trio.sleep_forever()
+
+    url = f"lmdb:{tmp_path / 'd'}"
+    agent = Agent("x", model=model, tools=[hang])
+    run_id = None
+    for attempt in range(1, 3):
+        async with Runtime.open(url, max_attempts=2) as rt:
+            rt.register(agent)
+            if run_id is None:
+                run_id = (await rt.submit(agent, "c23", "go")).run_id
+            while (await rt.get_run(run_id)).attempt < attempt:
+                await trio.sleep(0.01)
+            async for ev in rt.events("c23"):
+                if ev.type == "tool.started" and ev.data.get("call_id") and attempt == 1:
+                    break
+                if attempt == 2 and ev.type == "run.started" and ev.data["attempt"] == 2:
+                    break
+    async with Runtime.open(url, max_attempts=2) as rt:
+        rt.register(agent)
+        out = await rt.wait(await rt.submit(agent, "c23", "go", submission_id=(await rt.get_run(run_id)).submission_id))
+        assert out.status == "failed" and out.error["kind"] == "retry_exhausted"
+        msgs = await rt.transcript("c23")
+        # the first attempt's started call was finalised as interrupted by the second
+        assert any(m["role"] == "tool" and m["content"][0].get("reason") == "interrupted" for m in msgs)

@@ -1,0 +1,563 @@
+"""The FoundationDB backend: kv's API over the official Python bindings.
+
+Kept deliberately thin: every semantic (conflicts, versionstamps, retry
+classification, backoff) is the cluster's own; this module only
+
+* loads the bindings (``fdb.api_version(800)`` by default, 730 for a 7.3
+  cluster through an external client; ``SUREFOOT_FDB_API_VERSION`` overrides),
+  lazily, so importing ``kv`` never needs libfdb_c;
+* bridges FoundationDB futures into trio without blocking the event loop or
+  the network thread (the recipe in ``fdb-semantics.md`` section 1): the
+  future's ``on_ready`` callback runs on the network thread and only calls
+  ``token.run_sync_soon(wake)``; ``wake`` reschedules the parked task; a trio
+  cancellation cancels the FoundationDB future;
+* shields ``commit`` from cancellation (a cancelled commit "may or may not
+  occur") and reports a commit interrupted from outside as
+  ``commit_unknown_result`` (1021), which callers already treat as maybe
+  committed;
+* maps ``fdb.FDBError`` to :class:`kv.KVError` with the same code, and checks
+  key/value sizes, the legal key range and inverted ranges on the client so
+  those errors are raised at once, exactly as the embedded engine raises them.
+
+It cannot run on machines without libfdb_c; :func:`open_fdb` then raises
+:class:`FDBUnavailableError` saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
+
+import trio
+
+from .errors import KVError
+from .limits import KEY_SIZE_LIMIT, SYSTEM_KEY_PREFIX, VALUE_SIZE_LIMIT
+from .selectors import KeySelector
+
+__all__ = [
+    "open_fdb",
+    "FDBDatabase",
+    "FDBTransaction",
+    "FDBWatch",
+    "FDBUnavailableError",
+    "DEFAULT_API_VERSION",
+    "SUPPORTED_API_VERSIONS",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_VERSION = 800
+# 800: a FoundationDB 8.x client; 730: a 7.3 cluster via an external client library
+# (the binding always passes header version 800, see fdb-semantics.md section 1).
+SUPPORTED_API_VERSIONS = frozenset({730, 800})
+API_VERSION_ENV = "SUREFOOT_FDB_API_VERSION"
+
+# Atomic opcodes (fdb/fdboptions.py MutationType); the binding's generated
+# methods are thin wrappers over _atomic_operation(opcode, key, param).
+_OPCODES = {
+    "add": 2,
+    "bit_and": 6,
+    "bit_or": 7,
+    "bit_xor": 8,
+    "append_if_fits": 9,
+    "max": 12,
+    "min": 13,
+    "set_versionstamped_key": 14,
+    "set_versionstamped_value": 15,
+    "byte_min": 16,
+    "byte_max": 17,
+    "compare_and_clear": 20,
+}
+
+# FoundationDB error codes this module produces itself.
+_COMMIT_UNKNOWN_RESULT = 1021
+_TRANSACTION_CANCELLED = 1025
+_OPERATION_CANCELLED = 1101
+_CLIENT_INVALID_OPERATION = 2000
+_KEY_OUTSIDE_LEGAL_RANGE = 2004
+_INVERTED_RANGE = 2005
+_KEY_TOO_LARGE = 2102
+_VALUE_TOO_LARGE = 2103
+
+T = TypeVar("T")
+
+
+class FDBUnavailableError(RuntimeError):
+    """The FoundationDB client library (libfdb_c) cannot be loaded here."""
+
+
+_fdb: Any = None  # the `fdb` module once api_version() succeeded
+
+
+def _load(api_version: int) -> Any:
+    """Select the API version (once per process) and return the fdb module."""
+    global _fdb
+    if api_version not in SUPPORTED_API_VERSIONS:
+        raise ValueError(f"unsupported FoundationDB API version {api_version}; use one of {sorted(SUPPORTED_API_VERSIONS)}")
+    import fdb
+
+    if fdb.is_api_version_selected():
+        if fdb.get_api_version() != api_version:
+            raise RuntimeError(
+                f"FoundationDB API version {fdb.get_api_version()} already selected in this process; cannot use {api_version}"
+            )
+    else:
+        try:
+            fdb.api_version(api_version)  # imports fdb.impl, which dlopens libfdb_c
+        except Exception as e:  # the binding raises a bare Exception when the library is missing
+            raise FDBUnavailableError(
+                "cannot load the FoundationDB client library (libfdb_c) for API version "
+                f"{api_version}: {e}. Install the foundationdb-clients package for your cluster "
+                "(https://github.com/apple/foundationdb/releases) or use the embedded engine "
+                "(a path, lmdb:PATH or memory:)."
+            ) from e
+    _fdb = fdb
+    return fdb
+
+
+def _to_kverror(e: BaseException) -> KVError:
+    code = getattr(e, "code", 4100)
+    try:
+        desc = e.description  # type: ignore[attr-defined]  # asks libfdb_c for the text
+    except Exception:
+        desc = None
+    return KVError(code, desc)
+
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    """Re-raise FoundationDB's FDBError as KVError with the same code."""
+    try:
+        yield
+    except KVError:
+        raise
+    except Exception as e:
+        if _fdb is not None and isinstance(e, _fdb.FDBError):
+            raise _to_kverror(e) from None
+        raise
+
+
+# --- the trio bridge -------------------------------------------------------
+
+async def _wait_ready(fut: Any) -> None:
+    """Park the current task until FoundationDB future ``fut`` is ready.
+
+    on_ready's callback runs on the network thread (or inline if the future
+    is already ready); it must not block and its exceptions are dropped, so it
+    only hands ``wake`` to trio's thread-safe FIFO entry queue.  ``wake`` must
+    not raise either (it would become TrioInternalError), so it checks state.
+    A trio cancellation aborts the wait and cancels the future.
+    """
+    if fut.is_ready():
+        await trio.lowlevel.checkpoint()
+        return
+    token = trio.lowlevel.current_trio_token()
+    task = trio.lowlevel.current_task()
+    state = {"parked": True}
+
+    def wake() -> None:
+        if state["parked"]:
+            state["parked"] = False
+            trio.lowlevel.reschedule(task)
+
+    def on_ready(_f: Any) -> None:  # network thread
+        try:
+            token.run_sync_soon(wake)
+        except trio.RunFinishedError:
+            pass
+
+    def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
+        state["parked"] = False
+        fut.cancel()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    fut.on_ready(on_ready)
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+async def _result(fut: Any, getter: Callable[[Any], T]) -> T:
+    await _wait_ready(fut)
+    with _mapped():
+        return getter(fut)
+
+
+# --- results ---------------------------------------------------------------
+
+def _key_value_type() -> Any:
+    from . import KeyValue  # the package's own type, resolved late (kv imports us lazily)
+
+    return KeyValue
+
+
+def _check_key(key: bytes, *, for_write: bool) -> bytes:
+    key = bytes(key)
+    if for_write and len(key) > KEY_SIZE_LIMIT:
+        raise KVError(_KEY_TOO_LARGE)
+    if key >= SYSTEM_KEY_PREFIX:
+        raise KVError(_KEY_OUTSIDE_LEGAL_RANGE)
+    return key
+
+
+def _check_value(value: bytes) -> bytes:
+    value = bytes(value)
+    if len(value) > VALUE_SIZE_LIMIT:
+        raise KVError(_VALUE_TOO_LARGE)
+    return value
+
+
+def _check_range(begin: bytes, end: bytes) -> tuple[bytes, bytes]:
+    begin, end = bytes(begin), bytes(end)
+    if begin > end:
+        raise KVError(_INVERTED_RANGE)
+    if end > SYSTEM_KEY_PREFIX:
+        raise KVError(_KEY_OUTSIDE_LEGAL_RANGE)
+    return begin, end
+
+
+def _selector(x: Any) -> Any:
+    """kv.KeySelector or bytes -> fdb.KeySelector."""
+    if isinstance(x, KeySelector) or hasattr(x, "or_equal"):
+        return _fdb.KeySelector(bytes(x.key), bool(x.or_equal), int(x.offset))
+    return _fdb.KeySelector.first_greater_or_equal(bytes(x))
+
+
+class FDBRangeResult:
+    """``get_range``'s result: ``await`` it for a list, or ``async for`` over it.
+
+    Paging re-implements ``fdb.impl.FDBRange.__iter__`` over the private
+    ``tr._get_range`` so each page is a future we can await.
+    """
+
+    def __init__(self, tr: "FDBTransaction", begin: Any, end: Any, limit: int, reverse: bool) -> None:
+        self._tr = tr
+        self._begin = begin
+        self._end = end
+        self._limit = limit
+        self._reverse = reverse
+
+    def __await__(self):
+        return self._to_list().__await__()
+
+    async def _to_list(self) -> list:
+        mode = _fdb.StreamingMode.exact if self._limit > 0 else _fdb.StreamingMode.want_all
+        return [kv_ async for kv_ in self._iterate(mode)]
+
+    def __aiter__(self) -> AsyncIterator:
+        return self._iterate(_fdb.StreamingMode.iterator)
+
+    async def _iterate(self, mode: int) -> AsyncIterator:
+        KeyValue = _key_value_type()
+        bsel, esel = _selector(self._begin), _selector(self._end)
+        limit, iteration = self._limit, 1
+        while True:
+            with _mapped():
+                fut = self._tr._read._get_range(bsel, esel, limit, mode, iteration, self._reverse)
+            kvs, count, more = await _result(fut, lambda f: f.wait())
+            for item in kvs:
+                yield KeyValue(item.key, item.value)
+            if not count or not more or (limit > 0 and count >= limit):
+                return
+            if limit > 0:
+                limit -= count
+            iteration += 1
+            if self._reverse:
+                esel = _fdb.KeySelector.first_greater_or_equal(kvs[-1].key)
+            else:
+                bsel = _fdb.KeySelector.first_greater_than(kvs[-1].key)
+
+
+class FDBWatch:
+    """A watch: ``await w`` (or ``await w.wait()``) returns once the key changed
+    after the creating transaction committed; ``cancel()`` frees it."""
+
+    def __init__(self, fut: Any) -> None:
+        self._fut = fut
+        self._done = False
+
+    @property
+    def ready(self) -> bool:
+        return self._done or bool(self._fut.is_ready())
+
+    async def wait(self) -> None:
+        await _result(self._fut, lambda f: f.wait())
+        self._done = True
+
+    def __await__(self):
+        return self.wait().__await__()
+
+    def cancel(self) -> None:
+        self._fut.cancel()
+
+
+class _Versionstamp:
+    """``tr.get_versionstamp()``: awaitable to the 10-byte stamp after commit."""
+
+    def __init__(self, fut: Any) -> None:
+        self._fut = fut
+
+    def __await__(self):
+        return _result(self._fut, lambda f: bytes(f.value)).__await__()
+
+
+class FDBTransaction:
+    """kv's Transaction over ``fdb.impl.Transaction`` (or its snapshot view)."""
+
+    def __init__(self, db: "FDBDatabase", tr: Any, *, snapshot_of: "FDBTransaction | None" = None) -> None:
+        self.db = db
+        self._tr = tr if snapshot_of is None else snapshot_of._tr
+        self._read = tr if snapshot_of is None else snapshot_of._tr.snapshot
+        self._is_snapshot = snapshot_of is not None
+        self._snapshot_view: FDBTransaction | None = None
+
+    # -- reads --
+    @property
+    def snapshot(self) -> "FDBTransaction":
+        if self._is_snapshot:
+            return self
+        if self._snapshot_view is None:
+            self._snapshot_view = FDBTransaction(self.db, None, snapshot_of=self)
+        return self._snapshot_view
+
+    @property
+    def options(self) -> Any:
+        """FoundationDB's transaction options (set_timeout(ms), set_retry_limit(n),
+        set_max_retry_delay(ms), set_next_write_no_write_conflict_range(), ...)."""
+        return self._tr.options
+
+    async def get(self, key: bytes) -> bytes | None:
+        with _mapped():
+            fut = self._read.get(bytes(key))
+        return await _result(fut, lambda f: f.value)
+
+    async def get_multi(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        with _mapped():
+            futs = [self._read.get(bytes(k)) for k in keys]  # all in flight at once
+        return [await _result(f, lambda f: f.value) for f in futs]
+
+    async def get_key(self, selector: KeySelector) -> bytes:
+        with _mapped():
+            fut = self._read.get_key(_selector(selector))
+        return await _result(fut, lambda f: bytes(f.value))
+
+    def get_range(self, begin: Any, end: Any, *, limit: int = 0, reverse: bool = False) -> FDBRangeResult:
+        if isinstance(begin, (bytes, bytearray)) and isinstance(end, (bytes, bytearray)) and begin > end:
+            begin = end  # FoundationDB returns empty for begin >= end
+        return FDBRangeResult(self, begin, end, int(limit), bool(reverse))
+
+    async def get_read_version(self) -> int:
+        with _mapped():
+            fut = self._tr.get_read_version()
+        return await _result(fut, lambda f: f.wait())
+
+    # -- writes --
+    def set(self, key: bytes, value: bytes) -> None:
+        key, value = _check_key(key, for_write=True), _check_value(value)
+        with _mapped():
+            self._tr.set(key, value)
+
+    def clear(self, key: bytes) -> None:
+        key = _check_key(key, for_write=False)  # an oversize key cannot exist: FoundationDB's own rule applies
+        with _mapped():
+            self._tr.clear(key)
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        begin, end = _check_range(begin, end)
+        with _mapped():
+            self._tr.clear_range(begin, end)
+
+    def _atomic(self, name: str, key: bytes, param: bytes) -> None:
+        key, param = _check_key(key, for_write=True), _check_value(param)
+        with _mapped():
+            self._tr._atomic_operation(_OPCODES[name], key, param)
+
+    def add(self, key: bytes, param: bytes) -> None:
+        self._atomic("add", key, param)
+
+    def bit_and(self, key: bytes, param: bytes) -> None:
+        self._atomic("bit_and", key, param)
+
+    def bit_or(self, key: bytes, param: bytes) -> None:
+        self._atomic("bit_or", key, param)
+
+    def bit_xor(self, key: bytes, param: bytes) -> None:
+        self._atomic("bit_xor", key, param)
+
+    def max(self, key: bytes, param: bytes) -> None:
+        self._atomic("max", key, param)
+
+    def min(self, key: bytes, param: bytes) -> None:
+        self._atomic("min", key, param)
+
+    def byte_min(self, key: bytes, param: bytes) -> None:
+        self._atomic("byte_min", key, param)
+
+    def byte_max(self, key: bytes, param: bytes) -> None:
+        self._atomic("byte_max", key, param)
+
+    def append_if_fits(self, key: bytes, param: bytes) -> None:
+        self._atomic("append_if_fits", key, param)
+
+    def compare_and_clear(self, key: bytes, param: bytes) -> None:
+        self._atomic("compare_and_clear", key, param)
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        key, value = bytes(key), _check_value(value)
+        # The 4-byte offset suffix is not part of the stored key; the final key
+        # must stay within the limits.
+        if len(key) - 4 > KEY_SIZE_LIMIT:
+            raise KVError(_KEY_TOO_LARGE)
+        with _mapped():
+            self._tr._atomic_operation(_OPCODES["set_versionstamped_key"], key, value)
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        key = _check_key(key, for_write=True)
+        value = bytes(value)
+        if len(value) - 4 > VALUE_SIZE_LIMIT:
+            raise KVError(_VALUE_TOO_LARGE)
+        with _mapped():
+            self._tr._atomic_operation(_OPCODES["set_versionstamped_value"], key, value)
+
+    # -- conflict ranges --
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        begin, end = _check_range(begin, end)
+        with _mapped():
+            self._tr.add_read_conflict_range(begin, end)
+
+    def add_read_conflict_key(self, key: bytes) -> None:
+        key = bytes(key)
+        self.add_read_conflict_range(key, key + b"\x00")
+
+    def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
+        begin, end = _check_range(begin, end)
+        with _mapped():
+            self._tr.add_write_conflict_range(begin, end)
+
+    def add_write_conflict_key(self, key: bytes) -> None:
+        key = bytes(key)
+        self.add_write_conflict_range(key, key + b"\x00")
+
+    # -- lifecycle --
+    def watch(self, key: bytes) -> FDBWatch:
+        with _mapped():
+            return FDBWatch(self._tr.watch(bytes(key)))
+
+    def get_versionstamp(self) -> _Versionstamp:
+        with _mapped():
+            return _Versionstamp(self._tr.get_versionstamp())
+
+    def get_committed_version(self) -> int:
+        with _mapped():
+            return int(self._tr.get_committed_version())
+
+    async def commit(self) -> None:
+        """Commit; never abandoned half-way.
+
+        The wait is shielded: cancelling a commit's future would leave its
+        outcome unknown anyway, so we let it finish and report the real result.
+        If the commit is nevertheless interrupted (the transaction cancelled
+        from elsewhere, or the run shutting down), the caller gets 1021.
+        """
+        with _mapped():
+            fut = self._tr.commit()
+        with trio.CancelScope(shield=True):
+            try:
+                await _wait_ready(fut)
+                with _mapped():
+                    fut.wait()
+            except KVError as e:
+                if e.code in (_TRANSACTION_CANCELLED, _OPERATION_CANCELLED):
+                    raise KVError(_COMMIT_UNKNOWN_RESULT, "commit interrupted; it may have committed") from e
+                raise
+            except (trio.Cancelled, KeyboardInterrupt, trio.RunFinishedError) as e:  # pragma: no cover - defensive
+                raise KVError(_COMMIT_UNKNOWN_RESULT, "commit interrupted; it may have committed") from e
+
+    async def on_error(self, error: BaseException) -> None:
+        """FoundationDB's on_error: sleeps the backoff and resets for retryable
+        errors, re-raises the others (as KVError)."""
+        if not isinstance(error, KVError):
+            raise error
+        with _mapped():
+            fut = self._tr.on_error(error.code)
+        await _result(fut, lambda f: f.wait())
+
+    def reset(self) -> None:
+        with _mapped():
+            self._tr.reset()
+
+    def cancel(self) -> None:
+        with _mapped():
+            self._tr.cancel()
+
+
+class FDBDatabase:
+    """kv's Database over ``fdb.impl.Database``."""
+
+    def __init__(self, db: Any, cluster_file: str | None, api_version: int) -> None:
+        self._db = db
+        self.cluster_file = cluster_file
+        self.api_version = api_version
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"FDBDatabase(cluster_file={self.cluster_file!r}, api_version={self.api_version})"
+
+    def create_transaction(self) -> FDBTransaction:
+        if self._closed:
+            raise KVError(_CLIENT_INVALID_OPERATION, "database is closed")
+        with _mapped():
+            return FDBTransaction(self, self._db.create_transaction())
+
+    async def transact(
+        self,
+        fn: Callable[[FDBTransaction], Awaitable[T]],
+        *,
+        retry_limit: int | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run ``fn(tr)`` and commit, retrying through ``on_error`` (which
+        retries 1020/1007/1009 *and* 1021: ``fn`` must be idempotent or guarded)."""
+        tr = self.create_transaction()
+        with _mapped():
+            if retry_limit is not None:
+                tr.options.set_retry_limit(int(retry_limit))
+            if timeout is not None:
+                tr.options.set_timeout(max(1, int(timeout * 1000)))
+        while True:
+            try:
+                result = await fn(tr)
+                await tr.commit()
+                return result
+            except KVError as e:
+                await tr.on_error(e)
+
+    async def close(self) -> None:
+        # fdb.open caches one Database per cluster file for the process and the
+        # network thread stops at exit; we only stop handing out transactions.
+        self._closed = True
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> "FDBDatabase":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _api_version_from_env() -> int:
+    raw = os.environ.get(API_VERSION_ENV)
+    return int(raw) if raw else DEFAULT_API_VERSION
+
+
+async def open_fdb(cluster_file: str | None = None, *, api_version: int | None = None) -> FDBDatabase:
+    """Open a FoundationDB database (``None``: the default cluster file).
+
+    Raises :class:`FDBUnavailableError` when libfdb_c cannot be loaded.
+    """
+    version = api_version if api_version is not None else _api_version_from_env()
+    fdb = await trio.to_thread.run_sync(_load, version)  # dlopen and network setup off the event loop
+    with _mapped():
+        db = await trio.to_thread.run_sync(fdb.open, cluster_file or None)
+    log.info("opened FoundationDB database %s at API version %d", cluster_file or "(default cluster file)", version)
+    return FDBDatabase(db, cluster_file or None, version)

@@ -43,7 +43,7 @@ async def open(url: str | os.PathLike = DEFAULT_URL) -> Database:  # noqa: A001 
     if not url:
         raise ValueError("empty kv url: use memory:, lmdb:PATH, a path, or fdb:[CLUSTER_FILE]")
     if url == "memory:" or url == "memory":
-        return MemoryEngine().database()
+        return Database(MemoryEngine().engine, url="memory:", owns_engine=True)
     if url.startswith("fdb:") or url == "fdb":
         from .fdb_backend import open_fdb
 

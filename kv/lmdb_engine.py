@@ -8,11 +8,13 @@ and its fsync run in a worker thread so the event loop never waits on disk.
 
 Layout of the environment (directory ``PATH``):
 
-* ``data``: the user's keys and values. LMDB keys are limited to 511 bytes,
-  so a key longer than ``_SHORT`` bytes lives in a *bucket* stored under its
-  first ``_BUCKET`` (511) bytes: a CBOR list of ``[key, value]`` pairs in key
-  order. Every short key is at most 510 bytes, so buckets sort exactly where
-  their keys would (see ``_iter``), and range reads stay in key order.
+* ``data``: the user's keys and values, each LMDB key being ``b"k" + key``
+  (LMDB refuses the empty key, which FoundationDB allows). LMDB keys are
+  limited to 511 bytes, so a key longer than ``_SHORT`` (509) bytes lives in
+  a *bucket* stored under its first ``_BUCKET`` (510) bytes: a CBOR list of
+  ``[key, value]`` pairs in key order. Every short key is at most 509 bytes,
+  so buckets sort exactly where their keys would (see ``_iter``), and range
+  reads stay in key order.
 * ``meta``: ``version`` (8 bytes big-endian): the last committed version,
   written in the same LMDB transaction as the batch, so a snapshot knows its
   read version and a reopened engine never reuses a version.
@@ -42,8 +44,9 @@ from .engine import Engine, FaultHooks, Mutation
 
 __all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
 
-_SHORT = 510       # longest key stored as itself
-_BUCKET = 511      # length of a bucket key (prefix of the long keys inside it)
+_PREFIX = b"k"     # every data key is stored as _PREFIX + key (LMDB has no empty key)
+_SHORT = 509       # longest key stored as itself
+_BUCKET = 510      # length of a bucket's key prefix (the long keys inside it share it)
 MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
 MAX_READERS = 4_096  # concurrent open transactions (each holds a read slot)
 
@@ -63,8 +66,8 @@ class _LmdbSnapshot:
 
     def get(self, key: bytes) -> bytes | None:
         if len(key) <= _SHORT:
-            return self._txn.get(key)
-        raw = self._txn.get(key[:_BUCKET])
+            return self._txn.get(_PREFIX + key)
+        raw = self._txn.get(_PREFIX + key[:_BUCKET])
         if raw is None:
             return None
         for k, v in cbor2.loads(raw):
@@ -103,23 +106,25 @@ def _iter(cur: lmdb.Cursor, begin: bytes, end: bytes, reverse: bool) -> Iterator
     """Pairs in [begin, end) in key order, expanding long-key buckets."""
     if not reverse:
         start = begin[:_BUCKET]  # a bucket below ``begin`` may hold keys >= begin
-        if not cur.set_range(start):
+        if not cur.set_range(_PREFIX + start):
             return
-        for key, value in cur:
+        for raw, value in cur:
+            key = raw[1:]
             if key >= end:
                 return
             yield from _expand(key, value, begin, end, False)
     else:
         start = end[:_BUCKET]
-        if cur.set_range(start):
-            key = cur.key()
+        if cur.set_range(_PREFIX + start):
+            key = cur.key()[1:]
             if len(key) == _BUCKET and key == start:  # the bucket of ``end`` may hold keys < end
                 yield from _expand(key, cur.value(), begin, end, True)
             if not cur.prev():
                 return
         elif not cur.last():
             return
-        for key, value in cur.iterprev():
+        for raw, value in cur.iterprev():
+            key = raw[1:]
             if len(key) <= _SHORT:
                 if key < begin:
                     return
@@ -257,8 +262,8 @@ class LmdbStore:
 
 def _get(txn: lmdb.Transaction, key: bytes) -> bytes | None:
     if len(key) <= _SHORT:
-        return txn.get(key)
-    raw = txn.get(key[:_BUCKET])
+        return txn.get(_PREFIX + key)
+    raw = txn.get(_PREFIX + key[:_BUCKET])
     if raw is None:
         return None
     for k, v in cbor2.loads(raw):
@@ -269,9 +274,9 @@ def _get(txn: lmdb.Transaction, key: bytes) -> bytes | None:
 
 def _put(txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
     if len(key) <= _SHORT:
-        txn.put(key, value)
+        txn.put(_PREFIX + key, value)
         return
-    bkey = key[:_BUCKET]
+    bkey = _PREFIX + key[:_BUCKET]
     raw = txn.get(bkey)
     pairs = [p for p in cbor2.loads(raw) if p[0] != key] if raw else []
     pairs.append([key, value])
@@ -281,9 +286,9 @@ def _put(txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
 
 def _delete(txn: lmdb.Transaction, key: bytes) -> None:
     if len(key) <= _SHORT:
-        txn.delete(key)
+        txn.delete(_PREFIX + key)
         return
-    bkey = key[:_BUCKET]
+    bkey = _PREFIX + key[:_BUCKET]
     raw = txn.get(bkey)
     if raw is None:
         return

@@ -287,7 +287,7 @@ class Transaction:
         if self._committing:
             raise KVError(2017)
         if self._committed_version is not None:
-            raise KVError(2000, "transaction already committed; reset() it to reuse")
+            raise KVError(2017, "transaction already committed; reset() it to reuse")
         if self._timeout is not None and time.monotonic() - self._started > self._timeout:
             raise KVError(1031)
 

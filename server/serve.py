@@ -1,0 +1,156 @@
+"""`surefoot serve`: the Runtime, its claim loops and the HTTP app in one trio run.
+
+Start-up: open the store (the embedded engine refuses a second process on the
+same directory with a clear message), recover what a crash left (Runtime.open
+voids stale leases), start N claim loops, then listen.
+
+Shutdown on SIGTERM/SIGINT, in order: /readyz turns 503; SSE streams get a
+``stream.closing`` frame and end (clients reconnect elsewhere with
+Last-Event-ID); hypercorn stops accepting and lets in-flight requests finish
+(bounded by :data:`GRACEFUL_SECONDS`); then the claim loops stop and the store
+closes. A second signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+import kv
+
+from . import sse
+from .api import Api
+from .app import create_app
+from .auth import Authenticator, AuthConfig, auth_from_env
+from .openapi import build_openapi
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run_server", "serve_main", "default_agent", "GRACEFUL_SECONDS", "DEFAULT_BACKLOG"]
+
+#: In-flight requests get this long to finish after a shutdown signal.
+GRACEFUL_SECONDS = 5.0
+#: Listen backlog: hypercorn's default (100) drops bursts such as 1,000 SSE followers connecting at once.
+DEFAULT_BACKLOG = 2_048
+DEFAULT_INSTRUCTIONS = "You are a helpful assistant."
+assert DEFAULT_BACKLOG >= 1_024
+
+
+def default_agent(model: str = "echo") -> Any:
+    from loop import Agent
+
+    return Agent("default", DEFAULT_INSTRUCTIONS, model)
+
+
+def hypercorn_config(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG,
+                     graceful: float = GRACEFUL_SECONDS) -> HyperConfig:
+    config = HyperConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.backlog = backlog
+    config.graceful_timeout = graceful
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+async def run_server(
+    runtime: Any,
+    authenticator: Authenticator,
+    *,
+    agent: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    backlog: int = DEFAULT_BACKLOG,
+    shutdown: trio.Event,
+    heartbeat: float = sse.HEARTBEAT_SECONDS,
+    graceful: float = GRACEFUL_SECONDS,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``runtime`` over HTTP until ``shutdown`` is set; ``task_status.started(base_url)``."""
+    async with trio.open_nursery() as nursery:
+        hubs = sse.Hubs(
+            nursery,
+            follow=lambda owner, conv, after: runtime.events(conv, after, owner=owner),
+            tail=lambda owner, conv: runtime.store.journal.tail_cursor(owner, conv),
+        )
+        api = Api(runtime, authenticator, agent=agent, hubs=hubs, openapi=build_openapi, heartbeat=heartbeat)
+        app = create_app(api)
+        config = hypercorn_config(host, port, backlog=backlog, graceful=graceful)
+
+        async def shutdown_trigger() -> None:
+            await shutdown.wait()
+            api.ready = False
+            hubs.close_all()
+            await trio.sleep(0.05)  # let streams write their closing frame before hypercorn stops them
+
+        binds = await nursery.start(lambda task_status: hypercorn_serve(
+            app, config, shutdown_trigger=shutdown_trigger, task_status=task_status))
+        url = binds[0] if binds else f"http://{host}:{port}"
+        log.info("surefoot serving on %s", url)
+        task_status.started(url)
+        await shutdown.wait()
+        # hypercorn_serve returns after its graceful shutdown; then stop the hubs.
+        with trio.move_on_after(graceful + 2):
+            while len(hubs):
+                await trio.sleep(0.05)
+        # When hypercorn has returned, only hub tasks can remain.
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from loop.runtime import Runtime
+
+    url = args.kv or f"lmdb:{args.data or './surefoot-data'}"
+    authenticator = Authenticator(auth_from_env(args.auth))
+    if not authenticator.configured():
+        log.warning("authentication (%s) is not configured: every /v1 route answers 503 until it is "
+                    "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
+    if args.auth == "none":
+        log.warning("--auth none: every request acts as the local owner; never expose this server")
+    agent = default_agent(args.model)
+    shutdown = trio.Event()
+    try:
+        db = await kv.open(url)
+    except kv.DataDirectoryLocked as e:
+        print(f"surefoot serve: {e}", file=sys.stderr)
+        return 1
+    try:
+        async with Runtime.open(db=db, workers=args.workers, agents=[agent]) as rt:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_signals, shutdown, nursery.cancel_scope)
+
+                async def server_task(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+                    await run_server(rt, authenticator, agent=agent, host=args.host, port=args.port,
+                                     backlog=args.backlog, shutdown=shutdown, task_status=task_status)
+                    nursery.cancel_scope.cancel()  # served and drained: stop the signal watcher too
+
+                base = await nursery.start(server_task)
+                print(f"surefoot serving {url} on {base} (auth: {args.auth}, model: {args.model}, "
+                      f"workers: {args.workers})", file=sys.stderr, flush=True)
+    finally:
+        with trio.CancelScope(shield=True):
+            await db.close()
+    log.info("surefoot serve: stopped cleanly")
+    return 0
+
+
+async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if not shutdown.is_set():
+                log.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
+                shutdown.set()
+            else:
+                log.warning("second signal: stopping now")
+                scope.cancel()
+                return
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    return trio.run(_serve, args)

@@ -1,0 +1,251 @@
+"""Server-sent events: framing, and one shared journal follower per conversation.
+
+Framing
+    Each journal event becomes one SSE frame whose ``id`` is the event's journal
+    position (its cursor), whose ``event`` is the event type and whose ``data``
+    is the JSON event. A client that reconnects sends ``Last-Event-ID`` and gets
+    everything after it: replayed positions equal live ones because both come
+    from the same journal keys. Heartbeats are SSE comments, which EventSource
+    ignores and proxies count as traffic.
+
+Fan-out (:class:`Hubs`)
+    A thousand followers of one conversation must not cost a thousand journal
+    reads per event. Per (owner, conversation) one :class:`Hub` task follows the
+    journal from its tail and hands every event, encoded once, to each
+    subscriber's bounded queue. A subscriber joins the hub *before* replaying
+    and replays only after the hub has read its starting tail, so every event is
+    either at or before that tail (the replay, read later, sees it) or after it
+    (the hub delivers it): no gap. Live frames at or before the last replayed
+    position are dropped: no duplicate. Positions are fixed-width hex, so string
+    order is journal order.
+
+    A subscriber whose queue fills (a client not reading) is cut off rather than
+    buffered without bound; it reconnects with Last-Event-ID and loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "encode_event", "encode_comment", "encode_named", "Hubs", "Hub", "Subscriber",
+    "HEARTBEAT_SECONDS", "SUBSCRIBER_QUEUE", "BEHIND_EVENT", "REPLAY_PAGE",
+]
+
+#: Seconds of silence after which a heartbeat comment is sent.
+HEARTBEAT_SECONDS = 15.0
+#: Frames buffered per subscriber before a non-reading client is cut off.
+SUBSCRIBER_QUEUE = 4_096
+#: Journal page size while replaying.
+REPLAY_PAGE = 512
+#: How long a hub with no subscribers keeps following (reconnects are common).
+HUB_LINGER_SECONDS = 5.0
+#: The SSE event telling a client its cursor fell behind retention.
+BEHIND_EVENT = "cursor.behind"
+#: Sent before the server closes streams for shutdown.
+CLOSING_EVENT = "stream.closing"
+assert HEARTBEAT_SECONDS > 0 and SUBSCRIBER_QUEUE > 0 and REPLAY_PAGE > 0
+
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def event_json(ev: Any) -> dict[str, Any]:
+    return {"cursor": ev.cursor, "type": ev.type, "data": ev.data, "ts": ev.ts}
+
+
+def encode_event(ev: Any) -> bytes:
+    """One journal event as an SSE frame (id = position, event = type, data = JSON)."""
+    data = _JSON.encode(event_json(ev))
+    # JSON never contains a raw newline, so one data line is always enough.
+    return f"id: {ev.cursor}\nevent: {ev.type}\ndata: {data}\n\n".encode()
+
+
+def encode_named(name: str, data: Any) -> bytes:
+    """A frame with no id (it must not move the client's Last-Event-ID)."""
+    return f"event: {name}\ndata: {_JSON.encode(data)}\n\n".encode()
+
+
+def encode_comment(text: str = "") -> bytes:
+    return f": {text}\n\n".encode()
+
+
+@dataclass(eq=False)
+class Subscriber:
+    send: trio.MemorySendChannel
+    receive: trio.MemoryReceiveChannel
+    overflowed: bool = False
+
+
+class Hub:
+    """Follows one conversation's journal from its tail; broadcasts encoded frames."""
+
+    def __init__(self, key: tuple[str, str], follow: Callable[[str | None], AsyncIterator[Any]],
+                 tail: Callable[[], Awaitable[str | None]], on_exit: Callable[["Hub"], None]) -> None:
+        self.key = key
+        self._follow = follow
+        self._tail = tail
+        self._on_exit = on_exit
+        self.subscribers: set[Subscriber] = set()
+        self.started = trio.Event()  # set once the starting tail is read
+        self.failed: BaseException | None = None
+        self._empty_since: float | None = None
+        self._cancel = trio.CancelScope()
+        self.delivered = 0
+        self.done = False  # set (synchronously) when run() ends; a done hub takes no subscribers
+
+    def subscribe(self) -> Subscriber:
+        send, receive = trio.open_memory_channel[bytes](SUBSCRIBER_QUEUE)
+        sub = Subscriber(send, receive)
+        self.subscribers.add(sub)
+        self._empty_since = None
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        sub.send.close()
+        if not self.subscribers:
+            self._empty_since = trio.current_time()
+
+    def close(self) -> None:
+        self._cancel.cancel()
+
+    async def run(self) -> None:
+        try:
+            with self._cancel:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._linger_watch, nursery.cancel_scope)
+                    tail = await self._tail()
+                    self.started.set()
+                    async for ev in self._follow(tail):
+                        frame = encode_event(ev)
+                        for sub in list(self.subscribers):
+                            try:
+                                sub.send.send_nowait((ev.cursor, frame))
+                            except trio.WouldBlock:
+                                sub.overflowed = True
+                                self.unsubscribe(sub)
+                            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                                self.subscribers.discard(sub)
+                        self.delivered += 1
+        except Exception as e:  # noqa: BLE001 - a failed hub ends its streams; clients reconnect
+            log.warning("journal follower for %s stopped: %r", self.key[1], e)
+            self.failed = e
+        finally:
+            self.done = True
+            self.started.set()
+            for sub in list(self.subscribers):
+                sub.send.close()
+            self.subscribers.clear()
+            self._on_exit(self)
+
+    async def _linger_watch(self, scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(HUB_LINGER_SECONDS / 2)
+            if self._empty_since is not None and trio.current_time() - self._empty_since >= HUB_LINGER_SECONDS:
+                scope.cancel()
+                return
+
+
+class Hubs:
+    """Every conversation's hub, run in one nursery owned by the server."""
+
+    def __init__(self, nursery: trio.Nursery,
+                 follow: Callable[[str, str, str | None], AsyncIterator[Any]],
+                 tail: Callable[[str, str], Awaitable[str | None]]) -> None:
+        self._nursery = nursery
+        self._follow = follow
+        self._tail = tail
+        self._hubs: dict[tuple[str, str], Hub] = {}
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self._hubs)
+
+    def subscribe(self, owner: str, conversation: str) -> tuple[Hub, Subscriber]:
+        key = (owner, conversation)
+        hub = self._hubs.get(key)
+        if hub is None or hub.done:
+            hub = Hub(key, lambda after: self._follow(owner, conversation, after),
+                      lambda: self._tail(owner, conversation), self._exited)
+            self._hubs[key] = hub
+            self._nursery.start_soon(hub.run)
+        return hub, hub.subscribe()
+
+    def _exited(self, hub: Hub) -> None:
+        if self._hubs.get(hub.key) is hub:
+            del self._hubs[hub.key]
+
+    def close_all(self) -> None:
+        self.closing = True
+        for hub in list(self._hubs.values()):
+            hub.close()
+
+
+async def stream(
+    hubs: Hubs,
+    owner: str,
+    conversation: str,
+    after: str | None,
+    read_page: Callable[[str | None, int], Awaitable[Any]],
+    *,
+    heartbeat: float = HEARTBEAT_SECONDS,
+) -> AsyncIterator[bytes]:
+    """The SSE body: replay after ``after`` from the journal, then live frames from the hub.
+
+    ``read_page(after, limit)`` returns a journal page (events, next_cursor,
+    first_retained, behind, more).
+    """
+    hub, sub = hubs.subscribe(owner, conversation)
+    try:
+        yield encode_comment("surefoot events")  # opens the stream at once (headers flushed)
+        with trio.move_on_after(30):
+            await hub.started.wait()
+        if not hub.started.is_set() or hub.failed is not None:
+            return
+        last = after
+        cursor = after
+        first_page = True
+        while True:
+            page = await read_page(cursor, REPLAY_PAGE)
+            if first_page and page.behind:
+                yield encode_named(BEHIND_EVENT, {
+                    "after": after, "first_retained": page.first_retained,
+                    "message": "the cursor fell behind retention; events before first_retained are gone, "
+                               "the stream continues from first_retained",
+                })
+            first_page = False
+            for ev in page.events:
+                yield encode_event(ev)
+                last = ev.cursor
+            cursor = page.next_cursor
+            if not page.more:
+                break
+        while True:
+            if hubs.closing:
+                yield encode_named(CLOSING_EVENT, {"message": "server shutting down; reconnect with Last-Event-ID"})
+                return
+            with trio.move_on_after(heartbeat) as idle:
+                try:
+                    position, frame = await sub.receive.receive()
+                except trio.EndOfChannel:
+                    if hubs.closing:
+                        yield encode_named(CLOSING_EVENT,
+                                           {"message": "server shutting down; reconnect with Last-Event-ID"})
+                    return
+            if idle.cancelled_caught:
+                yield encode_comment("heartbeat")
+                continue
+            if last is not None and position <= last:
+                continue  # already replayed
+            last = position
+            yield frame
+    finally:
+        hub.unsubscribe(sub)

@@ -1,0 +1,85 @@
+"""Helpers: a real Runtime + real hypercorn on a loopback port, driven with httpx."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import httpx
+import pytest
+import trio
+
+from loop.runtime import Runtime
+from server.auth import AuthConfig, Authenticator
+from server.serve import default_agent, run_server
+
+TOKEN = "test-token-0123456789"
+
+
+@dataclass
+class Served:
+    url: str
+    rt: Any
+    auth: Authenticator
+    shutdown: trio.Event
+
+    def client(self, token: str | None = TOKEN, **kw: Any) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(kw.pop("headers", {}))
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=kw.pop("timeout", 20), **kw)
+
+
+@asynccontextmanager
+async def serving(url: str = "memory:", *, auth: AuthConfig | None = None, agent: Any = None,
+                  workers: int = 2, heartbeat: float = 15.0, clock: Any = None,
+                  **rt_kw: Any) -> AsyncIterator[Served]:
+    auth = auth if auth is not None else AuthConfig(mode="token", token=TOKEN)
+    authenticator = Authenticator(auth, **({"clock": clock} if clock else {}))
+    agent = agent if agent is not None else default_agent("echo")
+    async with Runtime.open(url, workers=workers, agents=[agent], **rt_kw) as rt:
+        async with trio.open_nursery() as nursery:
+            shutdown = trio.Event()
+            base = await nursery.start(lambda task_status: run_server(
+                rt, authenticator, agent=agent, host="127.0.0.1", port=0, shutdown=shutdown,
+                heartbeat=heartbeat, graceful=1.0, task_status=task_status))
+            try:
+                yield Served(base, rt, authenticator, shutdown)
+            finally:
+                shutdown.set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_settled(client: httpx.AsyncClient, run_id: str, timeout: float = 20) -> dict:
+    with trio.fail_after(timeout):
+        while True:
+            r = await client.get(f"/v1/runs/{run_id}")
+            assert r.status_code == 200, r.text
+            body = r.json()
+            if body["status"] in ("completed", "failed", "cancelled"):
+                return body
+            await trio.sleep(0.02)
+
+
+def parse_sse(buf: str) -> tuple[list[dict], str]:
+    """Complete SSE frames in ``buf`` -> (frames as {id, event, data, comment}, the incomplete rest)."""
+    frames = []
+    while "\n\n" in buf:
+        raw, buf = buf.split("\n\n", 1)
+        f: dict = {}
+        for line in raw.split("\n"):
+            if line.startswith(":"):
+                f["comment"] = line[1:].strip()
+            elif ":" in line:
+                k, _, v = line.partition(":")
+                f[k] = v[1:] if v.startswith(" ") else v
+        frames.append(f)
+    return frames, buf

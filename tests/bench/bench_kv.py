@@ -1,0 +1,211 @@
+"""kv benchmark: prints one JSON line of figures and ratios against the targets.
+
+    python tests/bench/bench_kv.py [--quick]
+
+Every comparison is made in the same run on the same disk, because these
+shared machines are noisy and only ratios mean anything:
+
+* point reads/s from one task (``tr.get`` on the LMDB engine) beside raw
+  py-lmdb ``txn.get`` on an environment holding the same keys — target: a
+  point read costs <= 10x a raw get;
+* sequential commit latency p50/p99 (one small transaction at a time) beside
+  raw ``write`` + ``os.fsync`` p50 of an append-only file in the same
+  directory — target: commit p50 <= 3x fsync p50;
+* commits/s with 1, 16, 64 and 256 concurrent writers (group commit) —
+  target: 64 writers >= 10x the sequential rate;
+* resolver time for one transaction with 1,000 read ranges checked against
+  10,000 recent point writes — target: < 5 ms.
+
+Runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lmdb
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import kv  # noqa: E402
+from kv.resolver import Resolver  # noqa: E402
+
+TARGETS = {
+    "point_read_ratio_max": 10.0,
+    "seq_commit_ratio_max": 3.0,
+    "writers64_speedup_min": 10.0,
+    "resolver_ms_max": 5.0,
+}
+
+
+def _key(i: int) -> bytes:
+    return b"bench/%08d" % i
+
+
+async def bench_point_reads(db, raw_path: Path, nkeys: int, nreads: int) -> dict:
+    value = b"v" * 100
+    for start in range(0, nkeys, 2000):
+        async def load(tr, start=start):  # idempotent: plain sets
+            for i in range(start, min(start + 2000, nkeys)):
+                tr.set(_key(i), value)
+
+        await db.transact(load)
+    rng = random.Random(1)
+    keys = [_key(rng.randrange(nkeys)) for _ in range(nreads)]
+
+    # raw py-lmdb, same keys, same page-cache conditions
+    env = lmdb.open(str(raw_path), map_size=1 << 30, sync=False)
+    with env.begin(write=True) as txn:
+        for i in range(nkeys):
+            txn.put(_key(i), value)
+    t0 = time.perf_counter()
+    with env.begin() as txn:
+        for k in keys:
+            txn.get(k)
+    raw = time.perf_counter() - t0
+    env.close()
+
+    t0 = time.perf_counter()
+    tr = db.create_transaction()
+    for n, k in enumerate(keys):
+        if n % 5000 == 4999:
+            tr = db.create_transaction()  # stay well inside the MVCC window
+        await tr.get(k)
+    ours = time.perf_counter() - t0
+    return {
+        "point_reads_per_s": round(nreads / ours),
+        "raw_lmdb_gets_per_s": round(nreads / raw),
+        "point_read_ratio": round(ours / raw, 2),
+    }
+
+
+def raw_fsync_latencies(path: Path, n: int) -> list[float]:
+    out = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        record = b"x" * 128
+        for _ in range(n):
+            t0 = time.perf_counter()
+            os.write(fd, record)
+            os.fsync(fd)
+            out.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    return out
+
+
+async def bench_sequential_commits(db, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        tr = db.create_transaction()
+        tr.set(b"seq/%08d" % i, b"v" * 100)  # blind write: idempotent
+        t0 = time.perf_counter()
+        await tr.commit()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def bench_writers(db, writers: int, seconds: float) -> float:
+    count = 0
+    deadline = trio.current_time() + seconds
+
+    async def writer(w: int) -> None:
+        nonlocal count
+        n = 0
+        while trio.current_time() < deadline:
+            tr = db.create_transaction()
+            tr.set(b"w%d/%03d/%08d" % (writers, w, n), b"v" * 100)  # unique blind write: never conflicts
+            await tr.commit()
+            n += 1
+            count += 1
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for w in range(writers):
+            nursery.start_soon(writer, w)
+    return count / (time.perf_counter() - t0)
+
+
+def bench_resolver(n_writes: int, n_reads: int, repeats: int) -> float:
+    rng = random.Random(7)
+    resolver = Resolver()
+    version = 1_000_000
+    for v in range(n_writes // 10):  # 10 point writes per committed transaction
+        version += 100
+        resolver.add(version, [(k, k + b"\x00") for k in (b"key/%08d" % rng.randrange(10**8) for _ in range(10))])
+    read_version = version + 1  # nothing newer: every range must be checked (worst case)
+    ranges = []
+    for _ in range(n_reads):
+        a = rng.randrange(10**8)
+        if rng.random() < 0.5:
+            k = b"key/%08d" % a
+            ranges.append((k, k + b"\x00"))
+        else:
+            ranges.append((b"key/%08d" % a, b"key/%08d" % (a + rng.randrange(1, 20_000))))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        hit = resolver.conflicts(ranges, read_version)
+        times.append(time.perf_counter() - t0)
+        assert not hit
+    # a sanity check that the same structure does detect a conflict
+    assert resolver.conflicts(ranges + [(b"key/", b"key0")], 0)
+    return statistics.median(times) * 1000
+
+
+async def main(quick: bool) -> dict:
+    scale = 0.3 if quick else 1.0
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SUREFOOT_BENCH_DIR")) as tmp:
+        tmpdir = Path(tmp)
+        db = await kv.open(f"lmdb:{tmpdir / 'data'}")
+        try:
+            reads = await bench_point_reads(db, tmpdir / "raw-lmdb", 20_000, int(100_000 * scale))
+            n_seq = int(300 * scale)
+            raw = raw_fsync_latencies(tmpdir / "raw-append.log", n_seq)
+            seq = await bench_sequential_commits(db, n_seq)
+            seq_p50 = statistics.median(seq)
+            seq_p99 = statistics.quantiles(seq, n=100)[98]
+            raw_p50 = statistics.median(raw)
+            rates = {}
+            for w in (1, 16, 64, 256):
+                rates[str(w)] = round(await bench_writers(db, w, 3.0 * scale))
+        finally:
+            await db.close()
+    resolver_ms = bench_resolver(10_000, 1_000, 7)
+    seq_rate = 1 / seq_p50
+    result = {
+        "bench": "kv",
+        "engine": "lmdb",
+        **reads,
+        "seq_commit_p50_ms": round(seq_p50 * 1000, 3),
+        "seq_commit_p99_ms": round(seq_p99 * 1000, 3),
+        "raw_append_fsync_p50_ms": round(raw_p50 * 1000, 3),
+        "seq_commit_ratio": round(seq_p50 / raw_p50, 2),
+        "commits_per_s": rates,
+        "writers64_speedup": round(rates["64"] / seq_rate, 1),
+        "resolver_1000_ranges_vs_10000_writes_ms": round(resolver_ms, 3),
+    }
+    result["targets"] = TARGETS
+    result["targets_met"] = {
+        "point_read": result["point_read_ratio"] <= TARGETS["point_read_ratio_max"],
+        "seq_commit": result["seq_commit_ratio"] <= TARGETS["seq_commit_ratio_max"],
+        "writers64": result["writers64_speedup"] >= TARGETS["writers64_speedup_min"],
+        "resolver": resolver_ms < TARGETS["resolver_ms_max"],
+    }
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller counts (smoke run)")
+    args = parser.parse_args()
+    print(json.dumps(trio.run(main, args.quick)))

@@ -729,6 +729,28 @@ async def test_transaction_size_limit_raises_at_commit(db):
     assert await read(db, b"chunk000") is None
 
 
+def _big_ranges(n=600, width=8990):
+    return [(b"%05d" % i + b"a" * width, b"%05d" % i + b"b" * width) for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["clear_range", "read_conflict", "write_conflict"])
+async def test_transaction_size_counts_clear_bounds_and_conflict_ranges(db, kind):
+    # ~10.8 MB of range bounds and no values: still too large (FoundationDB
+    # counts cleared-range bounds and read and write conflict ranges).
+    tr = db.create_transaction()
+    for b, e in _big_ranges():
+        if kind == "clear_range":
+            tr.clear_range(b, e)
+        elif kind == "read_conflict":
+            tr.add_read_conflict_range(b, e)
+        else:
+            tr.add_write_conflict_range(b, e)
+    tr.set(b"k", b"v")
+    with raises_code(2101):
+        await tr.commit()
+    assert await read(db, b"k") is None
+
+
 async def test_keys_at_or_above_ff_are_outside_the_legal_range(db):
     tr = db.create_transaction()
     for op in (

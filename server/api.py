@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 import trio
 
 from . import sse
-from .auth import Authenticator, Principal
+from .auth import STREAM_TOKEN_SECONDS, Authenticator, Principal
 from .errors import ApiError, error_body, from_exception
 from .limits import (
     MAX_CONVERSATION_ID,
@@ -544,7 +544,7 @@ class Api:
             raise ApiError("unauthorized", "a stream token cannot mint stream tokens")
         token, expires_at = self.auth.issue_stream_token(principal, conv)
         return ApiResponse(201, {"token": token, "expires_at": expires_at,
-                                 "expires_in": int(round(expires_at - self.auth.clock()))})
+                                 "expires_in": STREAM_TOKEN_SECONDS})
 
 
 def wants_sse(headers: Mapping[str, str]) -> bool:

@@ -83,3 +83,52 @@ def parse_sse(buf: str) -> tuple[list[dict], str]:
                 f[k] = v[1:] if v.startswith(" ") else v
         frames.append(f)
     return frames, buf
+
+
+def ticking_agent(n: int = 8, delay: float = 0.05, effects: list | None = None, name: str = "default") -> Any:
+    """An agent whose scripted model calls the ``tick`` tool ``n`` times, then answers: a turn with many events."""
+    from loop import Agent, ScriptedModel
+    from loop.providers.scripted import reply, tool_call
+
+    def script(messages, tools):
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        done = sum(1 for m in messages[last_user:] if m.get("role") == "tool")  # this turn's ticks
+        if done >= n:
+            return "done"
+        return reply(f"tick {done}", tool_call("tick", {"i": done}))
+
+    async def tick(i: int) -> str:
+        """Wait a little and report."""
+        if effects is not None:
+            effects.append(i)
+        await trio.sleep(delay)
+        return f"ok {i}"
+
+    return Agent(name, "tick", ScriptedModel(script), tools=[tick])
+
+
+class SSEReader:
+    """Reads an SSE response incrementally into frames."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self._it = response.aiter_text()
+        self._buf = ""
+        self._pending: list[dict] = []
+
+    async def next(self) -> dict:
+        while not self._pending:
+            chunk = await self._it.__anext__()
+            frames, self._buf = parse_sse(self._buf + chunk)
+            self._pending.extend(frames)
+        return self._pending.pop(0)
+
+    async def events_until(self, pred, timeout: float = 20) -> list[dict]:
+        out = []
+        with trio.fail_after(timeout):
+            while True:
+                f = await self.next()
+                if "id" in f or "event" in f:
+                    out.append(f)
+                    if pred(f):
+                        return out

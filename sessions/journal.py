@@ -194,9 +194,9 @@ class Journal:
         # Trim once the excess passes the slack, so trimming is amortised
         # over many appends instead of costing a transaction per append.
         self.trim_slack = trim_slack if trim_slack is not None else max(1, min(1_000, retention // 10 or 1))
-        self._known: set[tuple[str, str]] = set()     # conversations known to exist (never deleted)
         self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
         self._grown_event = trio.Event()
+        self._recent: set[tuple[str, str]] = set()    # trimmed since the last sweep
 
     # -- writing ------------------------------------------------------------
 
@@ -227,16 +227,13 @@ class Journal:
         return EventRef(tr.get_versionstamp(), order, type)
 
     async def _ensure_conversation(self, tr: Any, tag: str, conversation: str) -> None:
-        ck = (tag, conversation)
-        if ck in self._known:
-            return
-        key = self.keys.conversation(tag, conversation)
+        # No process-wide cache: a snapshot read also sees this transaction's own
+        # uncommitted write, so "present" may vanish with a failed attempt.
         # Snapshot read: creating the record must not make concurrent first
         # emitters conflict; they all write the same value.
+        key = self.keys.conversation(tag, conversation)
         if await tr.snapshot.get(key) is None:
             tr.set(key, dumps({"owner": tag}))
-        else:
-            self._known.add(ck)
 
     async def ensure_conversation_tr(self, tr: Any, owner: OwnerLike, conversation: str) -> None:
         """Make the conversation exist for ``owner`` (journal reads of it then succeed, empty)."""
@@ -430,29 +427,39 @@ class Journal:
             n = await self.db.transact(fn)
             total += n
             if n < TRIM_BATCH:
-                self._grown.pop((tag, conversation), None)
                 return total
 
-    async def maybe_trim(self) -> int:
-        """Trim every conversation that grew past the slack since its last trim."""
+    async def maybe_trim(self, *, all_grown: bool = False) -> int:
+        """Trim every conversation that grew past the slack since its last trim (with
+        ``all_grown``: every conversation that grew at all, plus those trimmed by the
+        previous sweep — growth is counted at emit time, before commit, so an emit
+        in flight during a trim is only visible to the next one)."""
         if not self.retention:
             self._grown.clear()
             return 0
-        due = [ck for ck, n in self._grown.items() if n >= self.trim_slack]
+        if all_grown:
+            due = set(self._grown) | self._recent
+            self._recent = set(self._grown)
+        else:
+            due = {ck for ck, n in self._grown.items() if n >= self.trim_slack}
+            self._recent |= due
         total = 0
-        for tag, conv in due:
+        for tag, conv in sorted(due):
             self._grown.pop((tag, conv), None)
             total += await self.trim(tag, conv)
         return total
 
-    async def run_trimmer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Service task: trims grown conversations as emits report them. Start it in
-        the runtime's nursery (``await nursery.start(journal.run_trimmer)``)."""
+    async def run_trimmer(self, *, interval: float = 1.0, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Service task: trims grown conversations as emits report them, and every
+        ``interval`` seconds sweeps whatever grew at all (growth is counted at emit
+        time, before commit, so a trim can race an in-flight emit; the sweep catches
+        up). Start it in the runtime's nursery: ``await nursery.start(journal.run_trimmer)``."""
         task_status.started()
         while True:
-            await self._grown_event.wait()
+            with trio.move_on_after(interval) as scope:
+                await self._grown_event.wait()
             self._grown_event = trio.Event()
             try:
-                await self.maybe_trim()
+                await self.maybe_trim(all_grown=scope.cancelled_caught)
             except kv.KVError as e:  # retention is best effort; the next growth retries
                 log.warning("journal trim failed: %s", e)

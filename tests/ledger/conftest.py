@@ -1,0 +1,69 @@
+"""Fixtures for the ledger tests: every ``db`` test runs on the memory engine
+and on the LMDB engine in a temp dir (the real engines, nothing faked)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kv
+from kv.engine import FaultHooks
+from kv.errors import KVError
+
+
+class FakeClock:
+    """A wall clock the test moves (lease expiry, staging age)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+class Inject1021(FaultHooks):
+    """Deliver ``commit_unknown_result`` after a commit that *did* apply, for the
+    next ``n`` commits whose mutations touch a key containing ``needle``."""
+
+    def __init__(self, needle: bytes, n: int = 1) -> None:
+        self.needle = needle
+        self.n = n
+        self.injected = 0
+
+    def after_apply(self, version, batch):
+        out = {}
+        for req in batch:
+            if self.injected < self.n and any(self.needle in bytes(m[1]) if m[0] != "atomic" else self.needle in bytes(m[2])
+                                              for m in req.mutations):
+                out[req] = KVError(1021)
+                self.injected += 1
+        return out
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+async def db(request, tmp_path):
+    url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
+    database = await kv.open(url)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def inject_1021():
+    """``inject_1021(db, needle, n=1)``: the next n commits writing a key that contains
+    ``needle`` apply and then report 1021 to their caller."""
+    def install(database, needle: bytes, n: int = 1) -> Inject1021:
+        hooks = Inject1021(needle, n)
+        database.engine.hooks = hooks
+        return hooks
+
+    return install

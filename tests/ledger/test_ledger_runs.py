@@ -1,0 +1,303 @@
+"""Submissions, claims, leases, attempts, cancellation — on memory and lmdb."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from ledger import (CANCELLED, COMPLETED, FAILED, PARKED, QUEUED, RUNNING, ConversationBusy, LeaseLost, Ledger,
+                    NotFound, SubmissionConflict, cancelled, completed, failed)
+from sessions import Owner, Sessions, events
+
+OWNER = Owner("test", "u1")
+
+
+def make(db, clock=None, **kw):
+    s = Sessions(db, **({"clock": clock} if clock else {}))
+    return s, Ledger(db, journal=s.journal, **({"clock": clock} if clock else {}), **kw)
+
+
+async def test_submit_acknowledges_and_journals_run_queued(db):
+    s, L = make(db)
+    ack = await L.submit("sub-1", {"text": "hi"}, {"type": "object"}, owner=OWNER, conversation="c")
+    assert ack.created and ack.status == QUEUED and ack.cursor
+    page = await s.journal.read(OWNER, "c")
+    assert [(e.cursor, e.type, e.data["run_id"]) for e in page.events] == [(ack.cursor, events.RUN_QUEUED, ack.run_id)]
+    assert await L.get_request(ack.run_id) == ({"text": "hi"}, {"type": "object"})
+    again = await L.submit("sub-1", {"text": "hi"}, {"type": "object"}, owner=OWNER, conversation="c")
+    assert (again.run_id, again.cursor, again.created) == (ack.run_id, ack.cursor, False)
+
+
+async def test_same_id_and_hash_100_concurrent_submits_make_one_run(db):
+    s, L = make(db)
+    acks = []
+
+    async def one():
+        acks.append(await L.submit("dup", {"text": "same"}, None, owner=OWNER, conversation="c"))
+
+    async with trio.open_nursery() as n:
+        for _ in range(100):
+            n.start_soon(one)
+    assert len({a.run_id for a in acks}) == 1
+    assert sum(a.created for a in acks) == 1
+    assert len({a.cursor for a in acks}) == 1
+    runs = await L.list_runs(OWNER, "c")
+    assert len(runs) == 1
+    queued = [e for e in (await s.journal.read(OWNER, "c")).events if e.type == events.RUN_QUEUED]
+    assert len(queued) == 1
+
+
+async def test_different_hash_or_conversation_is_a_conflict(db):
+    _, L = make(db)
+    await L.submit("x", {"text": "a"}, None, owner=OWNER, conversation="c")
+    with pytest.raises(SubmissionConflict):
+        await L.submit("x", {"text": "b"}, None, owner=OWNER, conversation="c")
+    with pytest.raises(SubmissionConflict):
+        await L.submit("x", {"text": "a"}, {"type": "string"}, owner=OWNER, conversation="c")
+    with pytest.raises(SubmissionConflict):
+        await L.submit("x", {"text": "a"}, None, owner=OWNER, conversation="other")
+    # another owner's identical id is its own submission
+    other = await L.submit("x", {"text": "b"}, None, owner=Owner("test", "u2"), conversation="c")
+    assert other.created
+
+
+async def test_submit_with_injected_1021_still_one_run(db, inject_1021):
+    s, L = make(db)
+    hooks = inject_1021(db, b"sub", n=1)
+    ack = await L.submit("k", {"text": "hi"}, None, owner=OWNER, conversation="c")
+    assert hooks.injected == 1
+    assert not ack.created  # the retry found the committed submission
+    runs = await L.list_runs(OWNER, "c")
+    assert [r.id for r in runs] == [ack.run_id]
+    assert [e.type for e in (await s.journal.read(OWNER, "c")).events] == [events.RUN_QUEUED]
+    assert ack.cursor == (await s.journal.read(OWNER, "c")).events[0].cursor
+
+
+async def test_settle_is_idempotent_and_settled_submission_returns_outcome(db):
+    s, L = make(db)
+    ack = await L.submit("k", {"text": "hi"}, None, owner=OWNER, conversation="c")
+    lease = await L.claim("w")
+    assert lease.run_id == ack.run_id and lease.attempt == 1 and lease.token == 1
+    assert await L.settle(lease, completed({"answer": 42})) == completed({"answer": 42})
+    assert await L.settle(lease, completed({"answer": 42})) == completed({"answer": 42})
+    again = await L.submit("k", {"text": "hi"}, None, owner=OWNER, conversation="c")
+    assert again.status == COMPLETED and again.outcome["result"] == {"answer": 42}
+    assert await L.wait_settled(ack.run_id) == completed({"answer": 42})
+    types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
+    assert types == [events.RUN_QUEUED, events.RUN_STARTED, events.RUN_COMPLETED]
+
+
+async def test_50_workers_500_runs_20_conversations(db):
+    _, L = make(db)
+    convs = [f"c{i}" for i in range(20)]
+    order: dict[str, list[str]] = {c: [] for c in convs}
+    rng = random.Random(7)
+    for i in range(500):
+        c = convs[rng.randrange(20)] if i >= 20 else convs[i]
+        ack = await L.submit(f"s{i}", {"i": i}, None, owner=OWNER, conversation=c)
+        order[c].append(ack.run_id)
+    held: dict[str, str] = {}          # run -> worker holding a live lease
+    active: dict[str, str] = {}        # conversation -> run being worked
+    claimed: dict[str, list[str]] = {c: [] for c in convs}
+    done = set()
+
+    async def worker(w: str) -> None:
+        while len(done) < 500:
+            lease = await L.claim(w, lease_seconds=300)
+            if lease is None:
+                await L.wait_for_work(0.01)
+                continue
+            assert lease.run_id not in held, "a run held by two live leases"
+            assert lease.conversation not in active, "two active runs in one conversation"
+            held[lease.run_id] = w
+            active[lease.conversation] = lease.run_id
+            claimed[lease.conversation].append(lease.run_id)
+            await trio.sleep(0)
+            del held[lease.run_id]
+            del active[lease.conversation]
+            await L.settle(lease, completed(w))
+            done.add(lease.run_id)
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            for k in range(50):
+                n.start_soon(worker, f"w{k}")
+    assert claimed == order  # FIFO per conversation, each run exactly once
+    for c in convs:
+        assert await L.active_run(OWNER, c) is None
+
+
+async def test_lease_expiry_takeover_and_stale_worker_fails(db, clock):
+    s, L = make(db, clock)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    a = await L.claim("A", lease_seconds=10)
+    assert await L.claim("B", lease_seconds=10) is None  # not expired yet
+    clock.advance(11)
+    b = await L.claim("B", lease_seconds=10)
+    assert b.run_id == ack.run_id and b.token == a.token + 1 and b.attempt == 2 and b.takeover
+
+    async def stale_write(tr):  # guarded by the lease check
+        await L.check_lease(tr, a)
+        await s.journal.emit(tr, OWNER, "c", events.MESSAGE_ADDED, {"from": "A"})
+
+    with pytest.raises(LeaseLost):
+        await db.transact(stale_write)
+    with pytest.raises(LeaseLost):
+        await L.settle(a, completed("A"))
+    with pytest.raises(LeaseLost):
+        await L.renew(a)
+    await L.renew(b, 10)
+    assert await L.settle(b, completed("B")) == completed("B")
+    assert not any(e.data.get("from") == "A" for e in (await s.journal.read(OWNER, "c")).events)
+
+
+async def test_stale_worker_racing_a_takeover_conflicts_then_loses(db, clock):
+    s, L = make(db, clock)
+    await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    a = await L.claim("A", lease_seconds=5)
+    clock.advance(6)
+    attempts = []
+
+    async def write(tr):  # guarded by the lease check
+        attempts.append(1)
+        await L.check_lease(tr, a)
+        if len(attempts) == 1:
+            await L.claim("B", lease_seconds=5)  # the takeover commits after our read
+        await s.journal.emit(tr, OWNER, "c", events.MESSAGE_ADDED, {"from": "A"})
+
+    with pytest.raises(LeaseLost):
+        await db.transact(write)
+    assert len(attempts) == 2  # first attempt conflicted (1020), the retry saw the lost lease
+
+
+async def test_attempt_11_is_retry_exhausted(db, clock):
+    s, L = make(db, clock)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    for attempt in range(1, 11):
+        lease = await L.claim("w", lease_seconds=1)
+        assert lease.attempt == attempt
+        clock.advance(2)  # the worker "died"
+    assert await L.claim("w", lease_seconds=1) is None
+    info = await L.get_run(ack.run_id)
+    assert info.state == FAILED and info.outcome["error"]["type"] == "retry_exhausted"
+    assert info.attempt == 10
+    evs = [e.type for e in (await s.journal.read(OWNER, "c", limit=100)).events]
+    assert evs.count(events.RUN_STARTED) == 10 and evs[-1] == events.RUN_FAILED
+    assert await L.active_run(OWNER, "c") is None
+
+
+async def test_fifo_advances_past_failed_and_cancelled_runs(db, clock):
+    _, L = make(db, clock)
+    a = await L.submit("a", {}, None, owner=OWNER, conversation="c", max_attempts=1)
+    b = await L.submit("b", {}, None, owner=OWNER, conversation="c")
+    c = await L.submit("c", {}, None, owner=OWNER, conversation="c")
+    assert await L.cancel(b.run_id) == CANCELLED  # queued, never started: settles at once
+    la = await L.claim("w", lease_seconds=1)
+    assert la.run_id == a.run_id
+    clock.advance(2)
+    lc = await L.claim("w")  # a exhausted its single attempt; c is next
+    assert lc.run_id == c.run_id
+    assert (await L.get_run(a.run_id)).state == FAILED
+
+
+async def test_cancel_running_is_seen_at_boundary_and_watchable(db):
+    _, L = make(db)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    lease = await L.claim("w")
+    seen = trio.Event()
+
+    async def watcher():
+        await L.wait_cancel_requested(ack.run_id)
+        seen.set()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(watcher)
+        await trio.sleep(0.01)
+        assert not seen.is_set()
+        assert await L.cancel(ack.run_id, reason="user") == RUNNING
+        with trio.fail_after(5):
+            await seen.wait()
+
+    async def boundary(tr):  # read-only check at a boundary
+        await L.check_lease(tr, lease)
+        return await L.is_cancel_requested(tr, ack.run_id)
+
+    assert await db.transact(boundary) is True
+    await L.settle(lease, cancelled("user"))
+    assert (await L.get_run(ack.run_id)).state == CANCELLED
+
+
+async def test_park_and_resume(db):
+    _, L = make(db)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    await L.submit("k2", {}, None, owner=OWNER, conversation="c")
+    lease = await L.claim("w")
+    assert await L.release(lease, park=True) == PARKED
+    assert await L.release(lease, park=True) == PARKED  # idempotent
+    assert await L.claim("w") is None  # parked is not claimable, and it still blocks its queue
+    assert (await L.get_run(ack.run_id)).state == PARKED
+    assert await L.resume(ack.run_id) == QUEUED
+    again = await L.claim("w")
+    assert again.run_id == ack.run_id and again.attempt == 1  # a clean release is not an attempt
+    await L.settle(again, completed())
+
+
+async def test_cancel_parked_run_is_handed_to_a_worker(db):
+    _, L = make(db)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    lease = await L.release(await L.claim("w"), park=True)
+    assert await L.cancel(ack.run_id) == QUEUED
+    lease = await L.claim("w")
+    assert lease.run_id == ack.run_id
+    assert await L.cancel_requested(ack.run_id)
+    await L.settle(lease, cancelled("approval cancelled"))
+
+
+async def test_policies_reject_and_interrupt(db):
+    _, L = make(db)
+    first = await L.submit("a", {}, None, owner=OWNER, conversation="c")
+    with pytest.raises(ConversationBusy) as info:
+        await L.submit("b", {}, None, owner=OWNER, conversation="c", policy="reject")
+    assert info.value.active_run == first.run_id
+    lease = await L.claim("w")
+    second = await L.submit("c", {}, None, owner=OWNER, conversation="c", policy="interrupt")
+    assert await L.cancel_requested(first.run_id)
+    await L.settle(lease, cancelled("interrupted"))
+    nxt = await L.claim("w")
+    assert nxt.run_id == second.run_id
+    # interrupt of a run that never started cancels it at once
+    await L.settle(nxt, completed())
+    q = await L.submit("d", {}, None, owner=OWNER, conversation="c")
+    r = await L.submit("e", {}, None, owner=OWNER, conversation="c", policy="interrupt")
+    assert (await L.get_run(q.run_id)).state == CANCELLED
+    assert (await L.claim("w")).run_id == r.run_id
+
+
+async def test_foreign_run_is_missing(db):
+    _, L = make(db)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    bob = Owner("test", "bob")
+    with pytest.raises(NotFound) as foreign:
+        await L.get_run(ack.run_id, owner=bob)
+    with pytest.raises(NotFound) as missing:
+        await L.get_run("no-such-run", owner=bob)
+    assert str(foreign.value) == str(missing.value).replace("no-such-run", ack.run_id)
+    with pytest.raises(NotFound):
+        await L.cancel(ack.run_id, owner=bob)
+    assert (await L.get_run(ack.run_id, owner=OWNER)).state == QUEUED
+
+
+async def test_release_makes_runnable_again_and_claim_after_1021(db, inject_1021):
+    _, L = make(db)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    hooks = inject_1021(db, b"rl", n=1)
+    lease = await L.claim("w")
+    assert hooks.injected == 1 and lease is not None and lease.run_id == ack.run_id
+    assert lease.token == 1  # the retry recognised its own committed claim
+    assert await L.release(lease) == QUEUED
+    again = await L.claim("w")
+    assert again.token == 2 and again.attempt == 1
+    await L.settle(again, failed("boom", "it broke"))
+    assert (await L.wait_settled(ack.run_id))["error"]["type"] == "boom"

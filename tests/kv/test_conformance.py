@@ -333,6 +333,42 @@ async def test_range_read_over_partly_own_writes_conflicts_only_elsewhere(db):
     assert await conflicts(db, reads, setter((b"b", b"theirs")))
 
 
+async def test_range_read_skips_keys_the_transaction_set_or_cleared(db):
+    # ReadYourWrites.cpp updateConflictMap: within a read range, only unmodified
+    # segments and dependent (atomic) operations add read conflicts; a key this
+    # transaction set or cleared is answered from its writes and adds none.
+    await write(db, (b"c", b"0"), (b"d", b"0"))
+
+    async def reads(tr):
+        tr.set(b"d", b"mine")
+        tr.clear(b"c")
+        await tr.get_range(b"a", b"z")
+
+    assert not await conflicts(db, reads, setter((b"d", b"theirs")))
+    assert not await conflicts(db, reads, setter((b"c", b"theirs")))
+    assert await conflicts(db, reads, setter((b"d\x00", b"theirs")))
+    assert await conflicts(db, reads, setter((b"b", b"theirs")))
+
+
+async def test_range_read_over_own_atomic_op_still_conflicts_there(db):
+    await write(db, (b"n", le64(1)))
+
+    async def reads(tr):
+        tr.add(b"n", le64(1))
+        await tr.get_range(b"a", b"z")
+
+    assert await conflicts(db, reads, setter((b"n", le64(5))))
+
+
+async def test_explicit_read_conflict_range_skips_own_writes(db):
+    async def reads(tr):
+        tr.set(b"q", b"mine")
+        tr.add_read_conflict_range(b"p", b"r")
+
+    assert not await conflicts(db, reads, setter((b"q", b"theirs")))
+    assert await conflicts(db, reads, setter((b"p", b"theirs")))
+
+
 async def test_atomic_ops_add_no_read_conflict(db):
     await write(db, (b"n", le64(1)))
     tr = db.create_transaction()

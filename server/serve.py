@@ -28,12 +28,12 @@ import kv
 from . import sse
 from .api import Api
 from .app import create_app
-from .auth import Authenticator, AuthConfig, auth_from_env
+from .auth import Authenticator, auth_from_env
 from .openapi import build_openapi
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_server", "serve_main", "default_agent", "GRACEFUL_SECONDS", "DEFAULT_BACKLOG"]
+__all__ = ["run_server", "serve_store", "serve_main", "default_agent", "GRACEFUL_SECONDS", "DEFAULT_BACKLOG"]
 
 #: In-flight requests get this long to finish after a shutdown signal.
 GRACEFUL_SECONDS = 5.0
@@ -103,17 +103,20 @@ async def run_server(
         # When hypercorn has returned, only hub tasks can remain.
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def serve_store(
+    url: str,
+    *,
+    authenticator: Authenticator,
+    agent: Any,
+    workers: int = 4,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    backlog: int = DEFAULT_BACKLOG,
+    describe: str = "",
+) -> int:
+    """Open ``url``, recover, run claim loops and serve until SIGTERM/SIGINT; returns the exit code."""
     from loop.runtime import Runtime
 
-    url = args.kv or f"lmdb:{args.data or './surefoot-data'}"
-    authenticator = Authenticator(auth_from_env(args.auth))
-    if not authenticator.configured():
-        log.warning("authentication (%s) is not configured: every /v1 route answers 503 until it is "
-                    "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
-    if args.auth == "none":
-        log.warning("--auth none: every request acts as the local owner; never expose this server")
-    agent = default_agent(args.model)
     shutdown = trio.Event()
     try:
         db = await kv.open(url)
@@ -121,23 +124,36 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"surefoot serve: {e}", file=sys.stderr)
         return 1
     try:
-        async with Runtime.open(db=db, workers=args.workers, agents=[agent]) as rt:
+        async with Runtime.open(db=db, workers=workers, agents=[agent]) as rt:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_signals, shutdown, nursery.cancel_scope)
 
                 async def server_task(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-                    await run_server(rt, authenticator, agent=agent, host=args.host, port=args.port,
-                                     backlog=args.backlog, shutdown=shutdown, task_status=task_status)
+                    await run_server(rt, authenticator, agent=agent, host=host, port=port,
+                                     backlog=backlog, shutdown=shutdown, task_status=task_status)
                     nursery.cancel_scope.cancel()  # served and drained: stop the signal watcher too
 
                 base = await nursery.start(server_task)
-                print(f"surefoot serving {url} on {base} (auth: {args.auth}, model: {args.model}, "
-                      f"workers: {args.workers})", file=sys.stderr, flush=True)
+                print(f"surefoot serving {url} on {base}{describe}", file=sys.stderr, flush=True)
     finally:
         with trio.CancelScope(shield=True):
             await db.close()
     log.info("surefoot serve: stopped cleanly")
     return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    url = args.kv or f"lmdb:{args.data or './surefoot-data'}"
+    authenticator = Authenticator(auth_from_env(args.auth))
+    if not authenticator.configured():
+        log.warning("authentication (%s) is not configured: every /v1 route answers 503 until it is "
+                    "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
+    if args.auth == "none":
+        log.warning("--auth none: every request acts as the local owner; never expose this server")
+    return await serve_store(
+        url, authenticator=authenticator, agent=default_agent(args.model), workers=args.workers,
+        host=args.host, port=args.port, backlog=args.backlog,
+        describe=f" (auth: {args.auth}, model: {args.model}, workers: {args.workers})")
 
 
 async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:

@@ -1,0 +1,57 @@
+"""A `surefoot serve` process with a tool-using agent, for the kill-and-restart tests.
+
+    python serve_child.py DATA_DIR PORT EFFECTS_FILE
+
+The agent's scripted model calls the ``tick`` tool a few times per turn; each
+execution appends its call's idempotency key to EFFECTS_FILE (flushed and
+fsynced) *before* sleeping, so a SIGKILL mid-tool leaves the effect recorded
+without a result: exactly the case that must not run the tool again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import trio
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from loop import Agent, ScriptedModel, ToolContext  # noqa: E402
+from loop.providers.scripted import reply, tool_call  # noqa: E402
+from server.auth import AuthConfig, Authenticator  # noqa: E402
+from server.serve import serve_store  # noqa: E402
+
+TICKS = 4
+TICK_SECONDS = 0.15
+
+
+def main() -> int:
+    data, port, effects = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    logging.basicConfig(level=logging.WARNING)
+
+    def script(messages, tools):
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        done = sum(1 for m in messages[last_user:] if m.get("role") == "tool")
+        if done >= TICKS:
+            return "done"
+        return reply(f"tick {done}", tool_call("tick", {"i": done}))
+
+    async def tick(i: int, ctx: ToolContext) -> str:
+        """Record the effect, then take a while (the kill lands here)."""
+        with open(effects, "a") as f:
+            f.write(ctx.idempotency_key + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        await trio.sleep(TICK_SECONDS)
+        return f"ok {i}"
+
+    agent = Agent("default", "tick", ScriptedModel(script), tools=[tick])
+    auth = Authenticator(AuthConfig(mode="token", token=os.environ["SUREFOOT_TOKEN"]))
+    return trio.run(lambda: serve_store(f"lmdb:{data}", authenticator=auth, agent=agent, workers=4,
+                                        host="127.0.0.1", port=port))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

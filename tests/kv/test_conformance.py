@@ -1059,6 +1059,22 @@ async def test_used_during_commit(db):
     assert await read(db, b"k") == b"v" and await read(db, b"k2") is None
 
 
+async def test_many_open_transactions_can_all_read(db):
+    # FoundationDB transactions are cheap client objects; a server may hold
+    # thousands of sessions, each mid-transaction. (LMDB has a fixed reader
+    # table: 4,096 slots here.)
+    await write(db, (b"k", b"v"))
+    open_trs = []
+    for _ in range(5_000):
+        tr = db.create_transaction()
+        assert await tr.get(b"k") == b"v"
+        open_trs.append(tr)
+    await write(db, (b"k", b"w"))
+    assert all([await tr.get(b"k") == b"v" for tr in open_trs[::500]])  # each still at its snapshot
+    for tr in open_trs:
+        tr.cancel()
+
+
 async def test_async_with_closes(backend, tmp_path):
     db = await open_backend(backend, tmp_path / "data")
     async with db:

@@ -49,6 +49,14 @@ transaction limit), ``read(owner, sid, start, limit)`` -> TranscriptPage,
 ``fork(owner, sid, at)`` (by reference, O(1), atomic; copy with a staging
 sentinel when the chain is too deep or ``by_reference=False``).
 
+Projects: ``projects.create/get/list/rename/delete``, ``set_agent_overrides(owner,
+project, agent, overrides)``; apply with ``render_agent_config(base, overrides)``
+(a new dict; shared definitions are never written).
+
+Attachments: ``attachments.upload(owner, bytes_or_base64, media_type=)`` or
+``begin`` / ``write_chunk`` / ``finish``; ``read``, ``delete``,
+``cleanup_pending``. Pending -> ready -> deleting, 192 KiB decoded cap.
+
 Owners: everything is stored under ``("o", owner_tag, ...)`` and stores its
 tag; a foreign record raises the same :class:`NotFound` with the same message
 as a missing one.
@@ -68,6 +76,8 @@ from .journal import DEFAULT_RETENTION, Event, EventRef, Journal, JournalPage
 from .keyspace import DEFAULT_ROOT, SessionsKeyspace, default_root
 from .owners import LOCAL_OWNER, Owner, OwnerLike, as_tag, owner_tag, parse_tag
 from .transcript import Message, SessionInfo, TranscriptPage, Transcripts
+from .projects import ProjectInfo, Projects, render_agent_config
+from .attachments import MAX_ATTACHMENT_BYTES, AttachmentInfo, Attachments
 
 __all__ = [
     "Sessions", "events", "Coalescer",
@@ -77,6 +87,7 @@ __all__ = [
     "Transcripts", "Message", "TranscriptPage", "SessionInfo",
     "Owner", "OwnerLike", "LOCAL_OWNER", "owner_tag", "as_tag", "parse_tag",
     "SessionsKeyspace", "DEFAULT_ROOT", "default_root",
+    "Projects", "ProjectInfo", "render_agent_config", "Attachments", "AttachmentInfo", "MAX_ATTACHMENT_BYTES",
 ]
 
 
@@ -93,11 +104,5 @@ class Sessions:
         ids = new_id or (lambda: uuid.uuid4().hex)
         self.journal = Journal(db, self.root, retention=retention, clock=clock)
         self.transcripts = Transcripts(db, self.root, clock=clock, new_id=ids)
-        try:
-            from .projects import Projects
-            from .attachments import Attachments
-        except ImportError:  # pragma: no cover - during bring-up
-            pass
-        else:
-            self.projects = Projects(db, self.root, clock=clock, new_id=ids)
-            self.attachments = Attachments(db, self.root, clock=clock, new_id=ids)
+        self.projects = Projects(db, self.root, clock=clock, new_id=ids)
+        self.attachments = Attachments(db, self.root, clock=clock, new_id=ids)

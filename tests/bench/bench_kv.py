@@ -13,6 +13,8 @@ shared machines are noisy and only ratios mean anything:
   directory — target: commit p50 <= 3x fsync p50;
 * commits/s with 1, 16, 64 and 256 concurrent writers (group commit) —
   target: 64 writers >= 10x the sequential rate;
+* the longest single task step during each of those runs (a trio
+  Instrument), since disk work must never block the loop for more than a few ms;
 * resolver time for one transaction with 1,000 read ranges checked against
   10,000 recent point writes — target: < 5 ms.
 
@@ -114,7 +116,28 @@ async def bench_sequential_commits(db, n: int) -> list[float]:
     return out
 
 
-async def bench_writers(db, writers: int, seconds: float) -> float:
+class StepTimer(trio.abc.Instrument):
+    """The longest single task step, in CPU time of the event-loop thread: how
+    much work one step did on the loop. CPU time, not wall time, because these
+    shared machines are often oversubscribed (a preempted step is not a slow
+    step); a Python GC pass landing inside a step is counted."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._task = None
+        self._t0 = 0.0
+
+    def before_task_step(self, task) -> None:
+        self._task, self._t0 = task, time.thread_time()
+
+    def after_task_step(self, task) -> None:
+        if task is self._task:  # skip the step that was running when we were installed
+            self.longest = max(self.longest, time.thread_time() - self._t0)
+
+
+async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float]:
+    """Commits/s with ``writers`` concurrent tasks, and the longest task step
+    meanwhile (disk work must stay off the event loop)."""
     count = 0
     deadline = trio.current_time() + seconds
 
@@ -128,11 +151,16 @@ async def bench_writers(db, writers: int, seconds: float) -> float:
             n += 1
             count += 1
 
+    timer = StepTimer()
+    trio.lowlevel.add_instrument(timer)
     t0 = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for w in range(writers):
-            nursery.start_soon(writer, w)
-    return count / (time.perf_counter() - t0)
+    try:
+        async with trio.open_nursery() as nursery:
+            for w in range(writers):
+                nursery.start_soon(writer, w)
+    finally:
+        trio.lowlevel.remove_instrument(timer)
+    return count / (time.perf_counter() - t0), timer.longest
 
 
 def bench_resolver(n_writes: int, n_reads: int, repeats: int) -> float:
@@ -175,9 +203,10 @@ async def main(quick: bool) -> dict:
             seq_p50 = statistics.median(seq)
             seq_p99 = statistics.quantiles(seq, n=100)[98]
             raw_p50 = statistics.median(raw)
-            rates = {}
+            rates, stalls = {}, {}
             for w in (1, 16, 64, 256):
-                rates[str(w)] = round(await bench_writers(db, w, 3.0 * scale))
+                rate, stall = await bench_writers(db, w, 3.0 * scale)
+                rates[str(w)], stalls[str(w)] = round(rate), round(stall * 1000, 2)
         finally:
             await db.close()
     resolver_ms = bench_resolver(10_000, 1_000, 7)
@@ -192,6 +221,7 @@ async def main(quick: bool) -> dict:
         "seq_commit_ratio": round(seq_p50 / raw_p50, 2),
         "commits_per_s": rates,
         "writers64_speedup": round(rates["64"] / seq_rate, 1),
+        "longest_task_step_cpu_ms": stalls,
         "resolver_1000_ranges_vs_10000_writes_ms": round(resolver_ms, 3),
     }
     result["targets"] = TARGETS

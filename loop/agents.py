@@ -80,6 +80,7 @@ class ToolContext:
         attempt: int = 1,
         step_impl: Callable[[str, Callable[[], Any]], Awaitable[Any]] | None = None,
         cancel_event: trio.Event | None = None,
+        idempotency_key: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.conversation = conversation
@@ -88,12 +89,13 @@ class ToolContext:
         self.attempt = attempt
         self._step_impl = step_impl
         self._cancel_event = cancel_event
+        self._idempotency_key = idempotency_key
         self._local_steps: dict[str, Any] = {}
         self._names_used: set[str] = set()
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.run_id}:{self.call_id}"
+        return self._idempotency_key or f"{self.run_id}:{self.call_id}"
 
     @property
     def cancelled(self) -> bool:

@@ -84,13 +84,13 @@ class ProviderError(LoopError):
 
     def to_dict(self) -> dict[str, Any]:
         """A CBOR/JSON-friendly record (what the transcript and journal store)."""
-        d: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        d: dict[str, Any] = {"type": self.kind, "message": self.message}
         if self.status is not None:
             d["status"] = self.status
         if self.provider is not None:
             d["provider"] = self.provider
         if self.error_type is not None:
-            d["error_type"] = self.error_type
+            d["provider_error"] = self.error_type
         if self.retry_after is not None:
             d["retry_after"] = self.retry_after
         return d

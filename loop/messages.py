@@ -18,7 +18,7 @@ Roles and parts::
         {"type": "tool_result", "call_id": "call_1", "name": "lookup",
          "content": "...", "is_error": false, "reason": None}]}
     {"role": "compaction", "summary": "...", "replaces": N}   # not sent as-is; see context()
-    {"role": "error", "error": {"kind": "permanent", "message": "..."}}  # never sent to a model
+    {"role": "error", "error": {"type": "permanent", "message": "..."}}  # never sent to a model
 
 ``reason`` on a tool result says why an error result exists without the tool
 having produced it: ``interrupted`` (crash recovery), ``denied`` (approval),

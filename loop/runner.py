@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 import trio
 
 import kv
+import ledger as L
 from sessions import events as E
 
 from . import messages as M
@@ -145,6 +146,12 @@ class Runner:
             nursery.start_soon(self._watch_cancel)
             try:
                 await self._drive()
+            except trio.Cancelled:
+                # The runtime is shutting down (Ctrl-C, close): give the run back so the
+                # next process resumes it at once instead of waiting for the lease to lapse.
+                if self.rt.release_on_shutdown:
+                    await self._abort()
+                raise
             except RunStopped as e:
                 log.debug("run %s: stopped driving (%s)", self.run_id, e)
             except self.store.LeaseLost as e:
@@ -304,10 +311,6 @@ class Runner:
             await store.ensure_session(tr, self.owner, self.conv)
             await store.transcripts.append_tr(tr, self.owner, self.conv, appended, expected_head=first_seq)
             tr.set(store.loop_keys.state(self.run_id), state.to_bytes())
-            await store.journal.emit(
-                tr, self.owner, self.conv, E.RUN_STARTED,
-                {"run_id": self.run_id, "attempt": self.claim.attempt, "agent": self.agent.name},
-            )
             for typ, data in self._message_events(first_seq, appended):
                 await store.journal.emit(tr, self.owner, self.conv, typ, data)
             return state
@@ -344,18 +347,18 @@ class Runner:
                 s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_DONE, "reason": "interrupted"}
 
         def events(first_seq: int) -> list[tuple[str, Any]]:
-            out: list[tuple[str, Any]] = [
-                (E.RUN_STARTED, {"run_id": self.run_id, "attempt": self.claim.attempt, "agent": self.agent.name,
-                                 "resumed": True, "interrupted": ids})
-            ]
+            # run.started itself was journaled by the ledger's claim (attempt, takeover)
+            out: list[tuple[str, Any]] = []
             for m in interrupted:
                 p = m["content"][0]
                 out.append((E.TOOL_COMPLETED, {"run_id": self.run_id, "call_id": p["call_id"], "name": p["name"],
-                                               "is_error": True, "reason": "interrupted", "content": p["content"]}))
+                                               "is_error": True, "reason": "interrupted", "content": p["content"],
+                                               "attempt": self.claim.attempt}))
             out.extend(self._message_events(first_seq, interrupted))
             return out
 
-        await self._commit(mutate, append=interrupted, events=events)
+        if interrupted:
+            await self._commit(mutate, append=interrupted, events=events)
 
     # ------------------------------------------------------------------ the loop
 
@@ -386,7 +389,7 @@ class Runner:
         assert st is not None
         agent = self.agent
         if st.model_calls >= agent.max_model_calls:
-            await self._fail({"kind": "max_model_calls", "message": f"the run made {st.model_calls} model calls, the limit"})
+            await self._fail({"type": "max_model_calls", "message": f"the run made {st.model_calls} model calls, the limit"})
             return
         context = model_context(self.messages)
         specs = agent.tool_specs()
@@ -397,10 +400,11 @@ class Runner:
                 context = model_context(self.messages)
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         await Hooks.call(agent.hooks.before_model_call if agent.hooks else None, info)
-        estimate = estimate_context_tokens(info.system, info.messages) + (agent.max_tokens or 0)
-        refusal = await self.store.reserve(self.claim, estimate)
+        refusal = await self.store.reserve(
+            self.claim, estimate_context_tokens(info.system, info.messages), agent.max_tokens or 0
+        )
         if refusal is not None:
-            await self._fail({"kind": "usage_limit", "message": refusal})
+            await self._fail({"type": "usage_limit", "message": refusal})
             return
         coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
         msg: dict[str, Any] | None = None
@@ -533,10 +537,10 @@ class Runner:
             try:
                 value = parse_result(text, schema)
             except ResultSchemaError as e:
-                err = {"kind": "result_schema", "message": f"final answer does not match the result schema: {e}"}
-                return {"status": "failed", "error": err}, {"role": "error", "error": err}
-            return {"status": "completed", "result": value, "text": text}, None
-        return {"status": "completed", "result": text, "text": text}, None
+                err = {"type": "result_schema", "message": f"final answer does not match the result schema: {e}"}
+                return {**L.failed("result_schema", err["message"]), "text": text}, {"role": "error", "error": err}
+            return {**L.completed(value), "text": text}, None
+        return {**L.completed(text), "text": text}, None
 
     async def _compact(self, reason: str) -> None:
         cut = choose_cut(self.messages, self.agent.keep_recent)
@@ -621,6 +625,7 @@ class Runner:
         ctx = ToolContext(
             run_id=self.run_id, conversation=self.conv, call_id=cid, tool_name=name,
             attempt=self.claim.attempt, step_impl=self._step_impl, cancel_event=self.cancel_event,
+            idempotency_key=self.store.idempotency_key(self.run_id, f"tool/{cid}"),
         )
         try:
             value = await t.invoke(args, ctx)
@@ -687,7 +692,7 @@ class Runner:
     # ------------------------------------------------------------------ endings
 
     async def _fail(self, error: dict[str, Any], *, error_message: bool = True) -> None:
-        outcome = {"status": "failed", "error": error}
+        outcome = {"status": "failed", "result": None, "error": error}
         appended = [{"role": "error", "error": error}] if error_message else []
 
         async def extra(tr: Any, s: LoopState) -> None:
@@ -714,7 +719,7 @@ class Runner:
         results = _dangling_results(self.messages, a if a is not None else len(self.messages), reason="cancelled",
                                     text="The run was cancelled before this call ran.", started=st.calls,
                                     started_text="The run was cancelled while this call ran; it may have taken effect.")
-        outcome = {"status": "cancelled"}
+        outcome = L.cancelled("cancel requested")
 
         async def extra(tr: Any, s: LoopState) -> None:
             await self.store.settle(tr, self.claim, outcome)

@@ -7,12 +7,14 @@
         await rt.cancel(ack.run_id)
         await rt.approve(run_id, call_id, allow=True, reason="ok")
 
-Opening a runtime starts ``workers`` claim loops in its nursery (default 1)
-and recovers what a crash left: the embedded engine is owned by one process,
-so leases held by earlier incarnations of this data directory are void and
-their runs are re-claimed at once (dangling tool calls are finalised as
-``interrupted`` by the run's next attempt).  ``await rt.serve(workers=N)``
-runs more claim loops until cancelled (the server profile).
+Opening a runtime starts ``workers`` claim loops in its nursery (default 1),
+which also recover what a crash left: a run whose lease lapsed (its process
+was killed) is taken over by the next claim, and its next attempt finalises
+the tool calls that were started but never returned as ``interrupted``.  A
+clean shutdown (Ctrl-C, leaving the ``async with``) releases the leases of
+runs in flight, so the next process resumes them at once; after a SIGKILL
+the takeover waits for the lease to lapse (``lease_seconds``, default 10).
+``await rt.serve(workers=N)`` runs more claim loops until cancelled.
 
 Agents are configuration, not data: a run records its agent's *name* (and
 its model spec and instructions when the model is a spec string), and a
@@ -106,6 +108,7 @@ class RunInfo:
     created: float | None
     outcome: Mapping[str, Any] | None = None
     pending_approvals: Sequence[str] = field(default_factory=tuple)
+    cancel_requested: bool = False
 
 
 class Runtime:
@@ -122,7 +125,7 @@ class Runtime:
         agents: Sequence[Agent] = (),
         max_attempts: int | None = None,
         journal_retention: int | None = None,
-        void_leases_on_open: bool = True,
+        release_on_shutdown: bool = True,
     ) -> None:
         self.db = db
         self.clock = clock or SYSTEM_CLOCK
@@ -135,11 +138,12 @@ class Runtime:
             journal_retention=journal_retention,
         )
         self.owner = owner or self.store.default_owner
+        # Give in-flight runs back on a clean shutdown (False: behave like a crash,
+        # leaving the lease to lapse — tests of takeover use it).
+        self.release_on_shutdown = release_on_shutdown
         self._agents: dict[str, Agent] = {}
         self._providers: dict[str, Provider] = {}
-        self._work = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._void_leases = void_leases_on_open
         self.worker_prefix = f"w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._worker_seq = 0
         for a in agents:
@@ -170,10 +174,6 @@ class Runtime:
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 await rt.store.start(nursery)
-                if rt._void_leases:
-                    n = await rt.store.recover_after_restart()
-                    if n:
-                        log.info("recovered %d run(s) left running by an earlier process", n)
                 for _ in range(workers):
                     nursery.start_soon(rt._claim_loop)
                 try:
@@ -243,9 +243,10 @@ class Runtime:
 
         The same ``submission_id`` with the same request returns the same run
         (or its settled outcome); with a different request it is a conflict
-        (the ledger's ``SubmissionConflict``).  ``limits`` (``{"max_tokens": N}``)
-        is the run's usage ceiling: a model call that would pass it is refused
-        before it is made and the run fails with ``usage_limit``.
+        (the ledger's ``SubmissionConflict``).  ``limits`` are the run's usage
+        ceilings (``{"max_total_tokens": N}``, ``{"max_input_tokens": N}``...):
+        a model call that would pass one is refused before it is made and the
+        run fails with ``usage_limit``.
         """
         self.register(agent)
         delivery: dict[str, Any] = {"agent": agent.name, "message": message if isinstance(message, str) else dict(message)}
@@ -261,8 +262,8 @@ class Runtime:
             delivery,
             dict(result_schema) if result_schema else None,
             policy=policy,
+            limits=limits,
         )
-        self._wake()
         return ack
 
     async def run(
@@ -283,18 +284,16 @@ class Runtime:
         )
         return await self.wait(ack, owner=owner)
 
-    async def wait(self, ack: Acknowledgement, *, owner: str | None = None) -> Outcome:
-        """Wait for an acknowledged run to settle (following the journal from its cursor)."""
-        if ack.outcome is not None:
-            return Outcome.from_record(ack.run_id, ack.outcome)
-        info = await self.get_run(ack.run_id, owner=owner)
-        if info.outcome is not None:
-            return Outcome.from_record(ack.run_id, info.outcome)
-        async for ev in self.events(ack.conversation, after=ack.cursor, owner=owner):
-            if ev.type in SETTLED and (ev.data or {}).get("run_id") == ack.run_id:
-                info = await self.get_run(ack.run_id, owner=owner)
-                return Outcome.from_record(ack.run_id, info.outcome or {"status": SETTLED[ev.type]})
-        raise AssertionError("unreachable: the journal follow never ends")
+    async def wait(self, ack: Acknowledgement | str, *, owner: str | None = None) -> Outcome:
+        """Wait for an acknowledged run (or a run id) to settle; its :class:`Outcome`."""
+        if isinstance(ack, Acknowledgement):
+            if ack.outcome is not None:
+                return Outcome.from_record(ack.run_id, ack.outcome)
+            run_id = ack.run_id
+        else:
+            run_id = ack
+        outcome = await self.store.wait_settled(run_id, owner or self.owner)
+        return Outcome.from_record(run_id, outcome or {})
 
     # ------------------------------------------------------------------ reading
 
@@ -337,7 +336,6 @@ class Runtime:
     async def cancel(self, run_id: str, *, owner: str | None = None) -> RunInfo:
         """Durably request cancellation; a queued or parked run settles cancelled promptly."""
         info = await self.store.cancel(run_id, owner or self.owner)
-        self._wake()
         return info
 
     async def approve(
@@ -345,12 +343,8 @@ class Runtime:
     ) -> None:
         """Resolve a parked approval (works after a restart: nothing is held in memory)."""
         await self.store.resolve_approval(run_id, owner or self.owner, call_id, allow, reason)
-        self._wake()
 
     # ------------------------------------------------------------------ workers
-
-    def _wake(self) -> None:
-        self._work.set()
 
     async def _claim_loop(self) -> None:
         self._worker_seq += 1
@@ -363,13 +357,13 @@ class Runtime:
                 claim = None
                 await trio.sleep(IDLE_POLL_SECONDS)
             if claim is None:
-                event = self._work
-                with trio.move_on_after(IDLE_POLL_SECONDS):
-                    await event.wait()
-                if self._work.is_set():
-                    self._work = trio.Event()
+                # Woken by the ledger's ready signal (any process), the earliest lease
+                # expiry, or the poll interval.
+                try:
+                    await self.store.wait_for_work(IDLE_POLL_SECONDS)
+                except kv.KVError as e:
+                    log.warning("%s: waiting for work failed: %s", worker, e)
+                    await trio.sleep(IDLE_POLL_SECONDS)
                 continue
-            self._work.set()  # there may be more: let another idle loop look too
-            self._work = trio.Event()
             agent = self._agent_for(claim)
             await Runner(self, claim, agent).execute()

@@ -1,10 +1,10 @@
 """The loop's view of storage: sessions (transcripts, journal) and the ledger, behind one object.
 
 The runner and the Runtime call only this module, so the exact shapes of
-the ``sessions`` and ``ledger`` APIs are adapted in one place.  Every
-``*_tr``-style method here takes the caller's transaction and does its
-work inside it (the caller commits); the others run their own transactions
-and say whether they are idempotent or guarded.
+the ``sessions`` and ``ledger`` APIs are adapted in one place.  Methods that
+take ``tr`` work inside the caller's transaction (the caller commits); the
+others run their own transactions and say whether they are idempotent or
+guarded.
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import trio
 
 import kv
+import ledger as L
 from sessions import events as E
+from sessions.codec import dumps
 from sessions.errors import NotFound as SessionNotFound
 from sessions.journal import Journal
 from sessions.owners import LOCAL_OWNER, as_tag
 from sessions.transcript import Transcripts
 
-from . import _interim_ledger as L
-from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, LoopKeyspace, LoopState
+from .keyspace import CALL_APPROVAL, LoopKeyspace, LoopState
 
 if TYPE_CHECKING:
     from .calls import Clock
@@ -33,11 +34,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Store", "Claim", "DEFAULT_LEASE_SECONDS", "ApprovalError"]
 
-DEFAULT_LEASE_SECONDS = 30.0
+# Embedded default: short enough that a run left by a killed process is taken
+# over quickly, long enough that renewals (every third of it) are cheap.
+DEFAULT_LEASE_SECONDS = 10.0
+
+assert DEFAULT_LEASE_SECONDS > 0
 
 
 class ApprovalError(Exception):
-    """No approval is pending for that call (already resolved, or never requested)."""
+    """No approval is pending for that call (already resolved differently, or never requested)."""
 
 
 @dataclass
@@ -50,7 +55,8 @@ class Claim:
     attempt: int
     delivery: Any
     result_schema: Any
-    lease: Any  # the ledger's lease (fencing token)
+    lease: L.Lease
+    limits: Mapping[str, Any]
 
 
 class Store:
@@ -70,14 +76,12 @@ class Store:
         self.root = root if root is not None else kv.Subspace((b"surefoot",))
         self.clock = clock
         self.lease_seconds = lease_seconds or DEFAULT_LEASE_SECONDS
+        self.max_attempts = max_attempts or L.DEFAULT_MAX_ATTEMPTS
         jkw = {} if journal_retention is None else {"retention": journal_retention}
         self.journal = Journal(db, self.root, clock=clock.now, **jkw)
         self.transcripts = Transcripts(db, self.root, clock=clock.now)
         self.loop_keys = LoopKeyspace(self.root)
-        self.ledger = L.InterimLedger(
-            db, self.root, journal=self.journal, clock=clock.now, lease_seconds=self.lease_seconds,
-            max_attempts=max_attempts or L.DEFAULT_MAX_ATTEMPTS,
-        )
+        self.ledger = L.Ledger(db, self.root, journal=self.journal, clock=clock.now)
         self.default_owner = as_tag(LOCAL_OWNER)
 
     async def start(self, nursery: trio.Nursery) -> None:
@@ -98,89 +102,91 @@ class Store:
     # ------------------------------------------------------------------ runs
 
     async def submit(self, owner: str, conv: str, submission_id: str, delivery: Any, schema: Any, *,
-                     policy: str = "queue") -> "Acknowledgement":
+                     policy: str = "queue", limits: Mapping[str, int] | None = None) -> "Acknowledgement":
+        """Guarded by the ledger's submission record (a retry returns the same run)."""
         from .runtime import Acknowledgement
 
-        res = await self.ledger.submit(owner, conv, submission_id, delivery, schema)
-        run = res["run"]
-        return Acknowledgement(submission_id, run["id"], res.get("cursor"), run["status"], conv,
-                               duplicate=res["duplicate"], outcome=run.get("outcome"))
+        ack = await self.ledger.submit(submission_id, delivery, schema, owner=owner, conversation=conv,
+                                       policy=policy, limits=limits, max_attempts=self.max_attempts)  # type: ignore[arg-type]
+        return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
+                               duplicate=not ack.created, outcome=ack.outcome)
 
     async def claim(self, worker: str) -> Claim | None:
-        got = await self.ledger.claim(worker)
-        if got is None:
+        lease = await self.ledger.claim(worker, self.lease_seconds)
+        if lease is None:
             return None
-        run, lease = got
-        return Claim(run["id"], run["owner"], run["conversation"], lease.attempt, run["delivery"],
-                     run.get("result_schema"), lease)
+        delivery, schema = await self.ledger.get_request(lease.run_id)
+        limits = (delivery or {}).get("limits") if isinstance(delivery, Mapping) else None
+        return Claim(lease.run_id, lease.owner, lease.conversation, lease.attempt, delivery, schema, lease,
+                     dict(limits or {}))
 
     async def check_lease(self, tr: Any, claim: Claim) -> None:
         await self.ledger.check_lease(tr, claim.lease)
 
     async def renew(self, claim: Claim) -> None:
-        await self.ledger.renew(claim.lease)
+        await self.ledger.renew(claim.lease, self.lease_seconds)
 
     async def release(self, claim: Claim) -> None:
+        """Give the run back (not an attempt): the next claim resumes it at once."""
         await self.ledger.release(claim.lease)
 
     async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any]) -> None:
-        """Settle in the caller's transaction; journals run.completed / run.failed / run.cancelled."""
-        await self.ledger.settle(tr, claim.lease, dict(outcome))
+        """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled."""
+        await self.ledger.settle_tr(tr, claim.lease, outcome)
         tr.clear(self.loop_keys.parked(claim.run_id))
 
-    async def recover_after_restart(self) -> int:
-        return await self.ledger.void_all_leases()
-
-    async def wait_for_work(self) -> None:
-        await self.ledger.wait_ready()
+    async def wait_for_work(self, max_wait: float) -> None:
+        await self.ledger.wait_for_work(max_wait)
 
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, run_id: str, owner: str) -> "RunInfo":
         try:
-            await self.ledger.cancel(owner, run_id)
-        except L.RunNotFound:
+            await self.ledger.cancel(run_id, owner=owner)
+        except L.NotFound:
             from .runtime import NotFound
             raise NotFound(f"run {run_id!r} not found") from None
         return await self.get_run(run_id, owner)
 
     async def cancel_requested(self, tr: Any, run_id: str) -> bool:
-        return await self.ledger.cancel_requested(tr, run_id)
+        return await self.ledger.is_cancel_requested(tr, run_id)
 
     async def wait_cancel_requested(self, run_id: str) -> None:
-        await self.ledger.wait_cancel(run_id)
+        await self.ledger.wait_cancel_requested(run_id)
 
     # ------------------------------------------------------------------ usage / steps
 
     async def record_usage(self, tr: Any, claim: Claim, step_id: str, usage: Mapping[str, Any]) -> None:
-        await self.ledger.record_usage(tr, claim.run_id, step_id, dict(usage))
+        figures = {k: int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+        await self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures)
 
-    async def reserve(self, claim: Claim, estimate: int) -> str | None:
-        """None when the call may proceed, else why not (the run's ceiling would be passed)."""
-        limits = (claim.delivery or {}).get("limits") if isinstance(claim.delivery, Mapping) else None
-        if not limits:
-            return None
-        ceiling = limits.get("max_tokens")
-        if ceiling is None:
-            return None
-        totals = await self.db.transact(lambda tr: self.ledger.usage_totals(tr, claim.run_id))
-        used = totals["input_tokens"] + totals["output_tokens"]
-        if used + estimate > ceiling:
-            return f"usage ceiling: {used} tokens used + ~{estimate} estimated > {ceiling}"
+    async def reserve(self, claim: Claim, input_estimate: int, output_estimate: int) -> str | None:
+        """None when the call may proceed, else why not (a ceiling of the run would be passed). Read-only."""
+        if not claim.limits:
+            return None  # no ceiling: skip the read
+        try:
+            await self.ledger.usage.reserve(claim.run_id, {"input_tokens": input_estimate, "output_tokens": output_estimate})
+        except L.UsageLimitExceeded as e:
+            return str(e)
         return None
 
     async def step(self, claim: Claim, name: str, fn: Callable[[], Any]) -> Any:
-        return await self.ledger.step(claim.lease, name, fn)
+        return await self.ledger.steps.step(claim.lease, name, fn)
+
+    def idempotency_key(self, run_id: str, name: str) -> str:
+        return self.ledger.idempotency_key(run_id, name)
 
     # ------------------------------------------------------------------ approvals
 
     async def park(self, tr: Any, claim: Claim, call_ids: list[str]) -> None:
-        await self.ledger.park(tr, claim.lease)
-        tr.set(self.loop_keys.parked(claim.run_id), kv_dumps({"owner": claim.owner, "conversation": claim.conversation,
-                                                              "call_ids": call_ids}))
+        """In the caller's transaction: release the lease, parked (not an attempt)."""
+        await self.ledger.release_tr(tr, claim.lease, park=True)
+        tr.set(self.loop_keys.parked(claim.run_id),
+               dumps({"owner": claim.owner, "conversation": claim.conversation, "call_ids": call_ids}))
 
     async def resolve_approval(self, run_id: str, owner: str, call_id: str, allow: bool, reason: str | None) -> None:
-        """Guarded by the loop state: only a call in state ``approval`` takes a decision."""
+        """Guarded by the loop state: only a call in state ``approval`` takes a decision;
+        the same decision again is a no-op (a retried request), a different one an error."""
         from .runtime import NotFound
 
         async def fn(tr: Any) -> None:
@@ -193,8 +199,10 @@ class Store:
             c = st.calls.get(call_id)
             if c is None or c.get("state") != CALL_APPROVAL:
                 if c is not None and "allow" in c and bool(c["allow"]) == bool(allow):
-                    return  # the same decision again (a retried request): nothing to do
+                    return
                 raise ApprovalError(f"no approval pending for call {call_id!r} of run {run_id!r}")
+            from .keyspace import CALL_APPROVED, CALL_DENIED
+
             c.update({"state": CALL_APPROVED if allow else CALL_DENIED, "allow": bool(allow)})
             if reason:
                 c["reason"] = reason
@@ -204,42 +212,51 @@ class Store:
             tr.clear(self.loop_keys.parked(run_id))
             await self.journal.emit(tr, owner, st.conversation, E.APPROVAL_RESOLVED,
                                     {"run_id": run_id, "call_id": call_id, "allow": bool(allow), "reason": reason})
-            await self.ledger.unpark(tr, run_id)
+            await self.ledger.resume_tr(tr, run_id)
 
         await self.db.transact(fn)
 
     async def pending_approvals(self, run_id: str) -> list[str]:
-        raw = await self.db.transact(lambda tr: tr.get(self.loop_keys.state(run_id)))
+        raw = await self.db.transact(lambda tr: tr.get(self.loop_keys.state(run_id)))  # read-only
         if raw is None:
             return []
         return [cid for cid, c in LoopState.from_bytes(raw).calls.items() if c.get("state") == CALL_APPROVAL]
 
+    async def loop_state(self, run_id: str) -> LoopState | None:
+        raw = await self.db.transact(lambda tr: tr.get(self.loop_keys.state(run_id)))  # read-only
+        return LoopState.from_bytes(raw) if raw is not None else None
+
     # ------------------------------------------------------------------ reading runs
 
-    def _info(self, run: Mapping[str, Any], approvals: list[str]) -> "RunInfo":
+    async def _info(self, r: L.RunInfo) -> "RunInfo":
         from .runtime import RunInfo
 
-        d = run.get("delivery") or {}
-        return RunInfo(run["id"], run["conversation"], run["status"], run["attempt"],
-                       d.get("agent") if isinstance(d, Mapping) else None, run.get("submission_id"),
-                       run.get("created"), run.get("outcome"), tuple(approvals))
+        approvals = await self.pending_approvals(r.id) if r.state == L.PARKED else []
+        st = await self.loop_state(r.id)
+        return RunInfo(r.id, r.conversation, r.state, r.attempt, st.agent if st else None, r.submission_id,
+                       r.created, r.outcome, tuple(approvals), r.cancel_requested)
 
     async def get_run(self, run_id: str, owner: str) -> "RunInfo":
         from .runtime import NotFound
 
         try:
-            run = await self.ledger.get(owner, run_id)
-        except L.RunNotFound:
+            r = await self.ledger.get_run(run_id, owner=owner)
+        except L.NotFound:
             raise NotFound(f"run {run_id!r} not found") from None
-        approvals = await self.pending_approvals(run_id) if run["status"] == "parked" else []
-        return self._info(run, approvals)
+        return await self._info(r)
+
+    async def wait_settled(self, run_id: str, owner: str) -> dict[str, Any]:
+        from .runtime import NotFound
+
+        try:
+            return await self.ledger.wait_settled(run_id, owner=owner)
+        except L.NotFound:
+            raise NotFound(f"run {run_id!r} not found") from None
 
     async def list_runs(self, owner: str, conv: str | None) -> list["RunInfo"]:
-        runs = await self.ledger.list_runs(owner, conv)
-        return [self._info(r, []) for r in sorted(runs, key=lambda r: r.get("created") or 0)]
-
-
-def kv_dumps(v: Any) -> bytes:
-    from sessions.codec import dumps
-
-    return dumps(v)
+        convs = [conv] if conv is not None else await self.transcripts.list(owner)
+        out = []
+        for c in convs:
+            for r in await self.ledger.list_runs(owner, c):
+                out.append(await self._info(r))
+        return out

@@ -106,7 +106,7 @@ async def test_anthropic_sends_history_with_tool_results(fake_server):
         M.user("weather?"),
         M.assistant("checking", [{"id": "t1", "name": "lookup", "arguments": {"city": "Oslo"}}]),
         M.tool_results([M.tool_result("t1", "lookup", {"temp": 3}), M.tool_result("t2", "lookup", "boom", is_error=True)]),
-        {"role": "error", "error": {"kind": "permanent"}},  # the loop's own record: not sent
+        {"role": "error", "error": {"type": "permanent"}},  # the loop's own record: not sent
         M.user("thanks"),
     ]
     p = make("anthropic", fake_server)

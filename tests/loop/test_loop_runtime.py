@@ -122,7 +122,7 @@ async def test_transient_retries_are_journaled_not_recorded(autojump_clock):
         retries = [e.data for e in evs if e.type == "run.retry-pending"]
         assert [(r["attempt"], r["maxAttempts"]) for r in retries] == [(2, 4), (3, 4)]
         assert [r["delay"] for r in retries] == [5.0, 4.0]  # retry-after honoured, then 2 s doubling
-        assert retries[0]["error"]["kind"] == "transient" and retries[1]["error"]["status"] == 503
+        assert retries[0]["error"]["type"] == "transient" and retries[1]["error"]["status"] == 503
         assert retries[1]["nextAttemptAt"] > retries[0]["nextAttemptAt"]
         assert elapsed >= 9.0
         # the errors never reached the transcript
@@ -135,7 +135,7 @@ async def test_retries_exhausted_fail_the_run(autojump_clock):
     agent = Agent("r", model=model, retry=RetryPolicy(jitter=0))
     async with Runtime.open("memory:") as rt:
         out = await rt.run(agent, "c6", "hi")
-        assert out.status == "failed" and out.error["kind"] == "transient"
+        assert out.status == "failed" and out.error["type"] == "transient"
         msgs = await rt.transcript("c6")
         assert roles(msgs) == ["user", "error"]
         assert len([e for e in await all_events(rt, "c6") if e.type == "run.retry-pending"]) == 3
@@ -145,7 +145,7 @@ async def test_retries_exhausted_fail_the_run(autojump_clock):
 async def test_permanent_error_is_recorded_and_fails_the_run(rt):
     model = ScriptedModel([permanent("invalid x-api-key", status=401)])
     out = await rt.run(Agent("p", model=model), "c7", "hi")
-    assert out.status == "failed" and out.error == {"kind": "permanent", "message": "invalid x-api-key", "status": 401, "provider": "scripted"}
+    assert out.status == "failed" and out.error == {"type": "permanent", "message": "invalid x-api-key", "status": 401, "provider": "scripted"}
     msgs = await rt.transcript("c7")
     assert msgs[-1] == {"role": "error", "error": out.error}
     evs = await all_events(rt, "c7")
@@ -155,7 +155,7 @@ async def test_permanent_error_is_recorded_and_fails_the_run(rt):
 async def test_stream_broken_after_output_is_not_retried(rt):
     model = ScriptedModel([broken("partial answer that breaks", after=1), "never"])
     out = await rt.run(Agent("b", model=model), "c8", "hi")
-    assert out.status == "failed" and out.error["kind"] == "stream_broken"
+    assert out.status == "failed" and out.error["type"] == "stream_broken"
     assert len(model.calls) == 1
     evs = await all_events(rt, "c8")
     assert "part.added" in types(evs)  # what streamed stays visible
@@ -196,7 +196,7 @@ async def test_second_overflow_fails(rt):
         await rt.run(Agent("e", model="echo"), "c10", f"earlier {i}")
     model = ScriptedModel([overflow(), "summary", overflow()])
     out = await rt.run(Agent("o", model=model, keep_recent=2), "c10", "now")
-    assert out.status == "failed" and out.error["kind"] == "overflow"
+    assert out.status == "failed" and out.error["type"] == "overflow"
 
 
 async def test_threshold_compaction(rt):
@@ -241,7 +241,8 @@ async def test_approval_parks_then_approve_resumes(rt):
     await rt.approve(ack.run_id, req["call_id"], True, "looks right")
     out = await rt.wait(ack)
     assert out.ok and out.result == "all paid"
-    assert effects == [(7, f"{ack.run_id}:{req['call_id']}")]
+    assert effects == [(7, rt.store.idempotency_key(ack.run_id, f"tool/{req['call_id']}"))]
+    assert effects[0][1].startswith("sf-")
     t = types(await all_events(rt, "c12"))
     assert t.index("approval.requested") < t.index("approval.resolved") < t.index("tool.started")
     await rt.approve(ack.run_id, req["call_id"], True)  # the same decision again: harmless
@@ -326,9 +327,9 @@ async def test_usage_ceiling_stops_the_run(rt):
         """Nothing."""
         return "ok"
 
-    out = await rt.run(Agent("u", model=model, tools=[noop]), "c16", "loop", limits={"max_tokens": 60})
-    assert out.status == "failed" and out.error["kind"] == "usage_limit"
-    assert "usage ceiling" in out.error["message"]
+    out = await rt.run(Agent("u", model=model, tools=[noop]), "c16", "loop", limits={"max_total_tokens": 60})
+    assert out.status == "failed" and out.error["type"] == "usage_limit"
+    assert "past its ceiling of 60" in out.error["message"]
     assert 1 <= len(model.calls) < 10
 
 
@@ -337,7 +338,7 @@ async def test_result_schema(rt):
     good = await rt.run(Agent("s", model=ScriptedModel(['```json\n{"n": 4}\n```'])), "c17", "count", result_schema=schema)
     assert good.ok and good.result == {"n": 4}
     bad = await rt.run(Agent("s2", model=ScriptedModel(['{"n": "four"}'])), "c17", "count", result_schema=schema)
-    assert bad.status == "failed" and bad.error["kind"] == "result_schema"
+    assert bad.status == "failed" and bad.error["type"] == "result_schema"
     assert "$.n: expected integer" in bad.error["message"]
     not_json = await rt.run(Agent("s3", model=ScriptedModel(["four"])), "c17", "count", result_schema=schema)
     assert not_json.status == "failed" and "not JSON" in not_json.error["message"]
@@ -413,7 +414,7 @@ async def test_max_model_calls(rt):
 
     model = ScriptedModel(lambda m, t: reply("", tool_call("again")))
     out = await rt.run(Agent("m", model=model, tools=[again], max_model_calls=3), "c21", "go")
-    assert out.status == "failed" and out.error["kind"] == "max_model_calls"
+    assert out.status == "failed" and out.error["type"] == "max_model_calls"
     assert len(model.calls) == 3
 
 
@@ -433,7 +434,8 @@ async def test_fork_and_not_found(rt):
 
 
 async def test_retry_exhausted_after_repeated_crashes(tmp_path):
-    """Each open after a 'crash' (a runtime closed mid-run) is a new attempt; past the max, the run fails."""
+    """Each takeover after a 'crash' (a runtime closed mid-run without releasing) is a new
+    attempt; past the max, the run fails with retry_exhausted."""
     model = ScriptedModel(lambda m, t: reply("", tool_call("hang")))
 
     @tool
@@ -445,7 +447,7 @@ async def test_retry_exhausted_after_repeated_crashes(tmp_path):
     agent = Agent("x", model=model, tools=[hang])
     run_id = None
     for attempt in range(1, 3):
-        async with Runtime.open(url, max_attempts=2) as rt:
+        async with Runtime.open(url, max_attempts=2, lease_seconds=0.3, release_on_shutdown=False) as rt:
             rt.register(agent)
             if run_id is None:
                 run_id = (await rt.submit(agent, "c23", "go")).run_id
@@ -456,10 +458,10 @@ async def test_retry_exhausted_after_repeated_crashes(tmp_path):
                     break
                 if attempt == 2 and ev.type == "run.started" and ev.data["attempt"] == 2:
                     break
-    async with Runtime.open(url, max_attempts=2) as rt:
+    async with Runtime.open(url, max_attempts=2, lease_seconds=0.3) as rt:
         rt.register(agent)
         out = await rt.wait(await rt.submit(agent, "c23", "go", submission_id=(await rt.get_run(run_id)).submission_id))
-        assert out.status == "failed" and out.error["kind"] == "retry_exhausted"
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
         msgs = await rt.transcript("c23")
         # the first attempt's started call was finalised as interrupted by the second
         assert any(m["role"] == "tool" and m["content"][0].get("reason") == "interrupted" for m in msgs)

@@ -116,7 +116,7 @@ def test_classify_exceptions():
 def test_error_to_dict_roundtrip_fields():
     cause = TransientProviderError("reset", status=None, error_type="connection_error")
     d = StreamBrokenError("broke", cause=cause).to_dict()
-    assert d["kind"] == "stream_broken" and d["cause"]["kind"] == "transient"
+    assert d["type"] == "stream_broken" and d["cause"]["type"] == "transient"
 
 
 # ---------------------------------------------------------------- retry policy

@@ -216,6 +216,14 @@ def _check_range(begin: bytes, end: bytes) -> tuple[bytes, bytes]:
     return begin, end
 
 
+def _strinc(prefix: bytes) -> bytes:
+    """The first key after every key starting with ``prefix`` (fdb.impl.strinc)."""
+    p = bytes(prefix).rstrip(b"\xff")
+    if not p:
+        raise ValueError("key must contain at least one byte not equal to 0xFF")
+    return p[:-1] + bytes([p[-1] + 1])
+
+
 def _selector(x: Any) -> Any:
     """kv.KeySelector or bytes -> fdb.KeySelector."""
     if isinstance(x, KeySelector) or hasattr(x, "or_equal"):
@@ -342,9 +350,14 @@ class FDBTransaction:
         return await _result(fut, lambda f: bytes(f.value))
 
     def get_range(self, begin: Any, end: Any, *, limit: int = 0, reverse: bool = False) -> FDBRangeResult:
+        begin = b"" if begin is None else begin  # None means the whole legal keyspace, as in fdb
+        end = SYSTEM_KEY_PREFIX if end is None else end
         if isinstance(begin, (bytes, bytearray)) and isinstance(end, (bytes, bytearray)) and begin > end:
             begin = end  # FoundationDB returns empty for begin >= end
         return FDBRangeResult(self, begin, end, int(limit), bool(reverse))
+
+    def get_range_startswith(self, prefix: bytes, *, limit: int = 0, reverse: bool = False) -> FDBRangeResult:
+        return self.get_range(prefix, _strinc(prefix), limit=limit, reverse=reverse)
 
     async def get_read_version(self) -> int:
         with _mapped():
@@ -366,6 +379,12 @@ class FDBTransaction:
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.clear_range(begin, end)
+
+    def clear_range_startswith(self, prefix: bytes) -> None:
+        self.clear_range(prefix, _strinc(prefix))
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.set(key, value)
 
     def _atomic(self, name: str, key: bytes, param: bytes) -> None:
         key, param = _check_key(key, for_write=True), _check_value(param)

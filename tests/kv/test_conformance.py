@@ -898,6 +898,11 @@ async def test_reset_before_commit_cancels_the_watch(db):
     tr.reset()
     with raises_code(1025):
         await _wait_watch(w)
+    tr = db.create_transaction()
+    w = tr.watch(b"w")
+    tr.cancel()
+    with raises_code(1025):
+        await _wait_watch(w)
 
 
 async def test_watch_cancel(db):
@@ -1037,6 +1042,48 @@ async def test_reset_forgets_writes_and_read_version(db):
     tr.set(MARKER, b"1")
     await tr.commit()
     assert await read(db, b"a") is None
+
+
+async def test_reset_restores_default_options(db):
+    # ReadYourWrites.cpp reset(): persistentOptions.clear(); options.reset(tr) —
+    # unlike on_error, reset() drops timeout, retry_limit and max_retry_delay.
+    tr = db.create_transaction()
+    tr.options.set_retry_limit(0)
+    tr.options.set_timeout(30)
+    tr.reset()
+    await trio.sleep(0.1)
+    assert await tr.get(b"k") is None  # no timeout any more
+    await tr.on_error(KVError(1020))  # no retry limit any more
+
+
+async def test_options_survive_on_error(db):
+    tr = db.create_transaction()
+    tr.options.set_retry_limit(1)
+    await tr.on_error(KVError(1020))
+    with raises_code(1020):
+        await tr.on_error(KVError(1020))
+
+
+async def test_size_limit_option(db):
+    tr = db.create_transaction()
+    tr.options.set_size_limit(1_000)
+    tr.set(b"k", b"v" * 2_000)
+    with raises_code(2101):
+        await tr.commit()
+    tr.reset()  # not persistent
+    tr.set(b"k", b"v" * 2_000)
+    await tr.commit()
+    assert len(await read(db, b"k")) == 2_000
+
+
+async def test_snapshot_read_after_atomic_op_adds_no_conflict(db):
+    await write(db, (b"n", le64(1)))
+
+    async def reads(tr):
+        tr.add(b"n", le64(1))
+        assert from_le64(await tr.snapshot.get(b"n")) == 2
+
+    assert not await conflicts(db, reads, setter((b"n", le64(5))))
 
 
 async def test_used_during_commit(db):

@@ -1,0 +1,401 @@
+"""``surefoot run`` and ``surefoot inspect``: the embedded loop from a terminal.
+
+Registered into the ``surefoot`` command by ``server.cli`` through
+:func:`add_commands` (which adds both sub-parsers and sets ``func``).
+
+``surefoot run "message"`` opens the embedded runtime in ``./surefoot-data``,
+first resumes whatever an earlier ``surefoot run`` left unfinished in the
+conversation (killed, Ctrl-C'd, parked for approval), then runs the new
+message, streaming the journal readably: text as it arrives, tool calls and
+their results, retries with their wait, approvals (asked on the terminal).
+With the default ``echo`` model it works offline; ``/now`` or ``/add {"a": 1,
+"b": 2}`` make the echo model call the demo tools, ``/approve_action
+"deploy"`` one that asks for approval.
+
+``surefoot inspect [CONVERSATION]`` shows conversations, runs with their
+states and attempts, the transcript and the journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+from typing import Any, Sequence
+
+import trio
+
+from sessions import events as E
+from sessions.errors import NotFound as SessionNotFound
+
+from . import messages as M
+from .agents import Agent, tool
+from .runtime import Runtime
+
+__all__ = ["add_commands", "cmd_run", "cmd_inspect", "demo_tools", "render_event", "DEFAULT_DATA_DIR"]
+
+DEFAULT_DATA_DIR = "./surefoot-data"
+DEFAULT_CONVERSATION = "main"
+UNSETTLED = ("queued", "running", "parked")
+EXIT_FAILED, EXIT_PARKED, EXIT_INTERRUPTED = 1, 3, 130
+
+
+def demo_tools() -> list[Any]:
+    """Small tools so the offline echo model can show tool calls, results and approvals."""
+
+    @tool(thread=False)
+    def now() -> str:
+        """The current UTC time (ISO 8601)."""
+        return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    @tool(thread=False)
+    def add(a: float, b: float) -> float:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    @tool(requires_approval=True, thread=False)
+    def approve_action(action: str) -> str:
+        """Perform an action that a person must approve first.
+
+        Args:
+            action: What to do.
+        """
+        return f"done: {action}"
+
+    return [now, add, approve_action]
+
+
+def _url(args: argparse.Namespace) -> str:
+    if getattr(args, "kv", None):
+        return args.kv
+    return f"lmdb:{args.data or DEFAULT_DATA_DIR}"
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``run`` and ``inspect`` to the ``surefoot`` command."""
+    p = subparsers.add_parser(
+        "run",
+        help="run an agent turn in the embedded runtime (resumes interrupted runs first)",
+        description="Submit MESSAGE to an agent in the embedded runtime and stream what happens. "
+        "Runs an earlier process left unfinished in the conversation are resumed first. "
+        "Works offline with the default echo model.",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--data", default=None, help=f"data directory (default {DEFAULT_DATA_DIR})")
+    where.add_argument("--kv", default=None, help="kv url instead of --data: memory:, lmdb:PATH, fdb:[CLUSTER_FILE]")
+    p.add_argument("--model", default="echo", help="echo | anthropic:MODEL | openai:MODEL@BASE_URL (default echo)")
+    p.add_argument("--conversation", "-c", default=DEFAULT_CONVERSATION, help=f"conversation id (default {DEFAULT_CONVERSATION})")
+    p.add_argument("--agent", default="assistant", help="agent name (default assistant)")
+    p.add_argument("--instructions", default="You are a helpful assistant.", help="the agent's system prompt")
+    p.add_argument("--no-tools", action="store_true", help="no demo tools")
+    p.add_argument("--yes", action="store_true", help="approve every approval request without asking")
+    p.add_argument("--json", action="store_true", help="print journal events as JSON lines")
+    p.add_argument("--lease-seconds", type=float, default=None,
+                   help="lease length: how long a killed process's run waits before another takes it over")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("message", nargs="?", help="the user message (omit to only resume unfinished runs)")
+    p.set_defaults(func=cmd_run)
+
+    q = subparsers.add_parser(
+        "inspect",
+        help="show conversations, runs, transcripts and the journal of a data directory",
+        description="Without CONVERSATION: every conversation with its runs. With it: its runs "
+        "(state, attempts), transcript and journal.",
+    )
+    where = q.add_mutually_exclusive_group()
+    where.add_argument("--data", default=None, help=f"data directory (default {DEFAULT_DATA_DIR})")
+    where.add_argument("--kv", default=None, help="kv url instead of --data")
+    q.add_argument("--events", type=int, default=200, help="journal events to show (latest; 0 = all)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--log-level", default="warning")
+    q.add_argument("conversation", nargs="?")
+    q.set_defaults(func=cmd_inspect)
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+class _Renderer:
+    """Turns journal events into terminal output (text streams inline)."""
+
+    def __init__(self, out: Any, *, as_json: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.mid_line = False
+
+    def _line(self, text: str) -> None:
+        if self.mid_line:
+            self.out.write("\n")
+            self.mid_line = False
+        self.out.write(text + "\n")
+
+    def event(self, ev: Any) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(ev.as_dict(), default=str) + "\n")
+            self.out.flush()
+            return
+        r = render_event(ev)
+        if r is None:
+            return
+        inline, text = r
+        if inline:
+            self.out.write(text)
+            self.mid_line = not text.endswith("\n")
+        else:
+            self._line(text)
+        self.out.flush()
+
+    def finish(self) -> None:
+        if self.mid_line:
+            self.out.write("\n")
+            self.mid_line = False
+        self.out.flush()
+
+
+def render_event(ev: Any) -> tuple[bool, str] | None:
+    """(inline, text) for one journal event, or None to show nothing."""
+    d = ev.data or {}
+    t = ev.type
+    if t in (E.PART_ADDED, E.PART_UPDATED):
+        if d.get("kind", "text") == "text" or "text" in d:
+            return (True, d.get("text", "")) if d.get("text") else None
+        return None
+    if t == E.RUN_QUEUED:
+        return False, f"· run {d.get('run_id', '')[:8]} queued"
+    if t == E.RUN_STARTED:
+        extra = " (taking over from a stopped process)" if d.get("takeover") else ""
+        return False, f"· run {d.get('run_id', '')[:8]} started, attempt {d.get('attempt')}{extra}"
+    if t == E.TOOL_STARTED:
+        return False, f"→ {d.get('name')}({json.dumps(d.get('arguments') or {}, ensure_ascii=False)})"
+    if t == E.TOOL_COMPLETED:
+        mark = "✗" if d.get("is_error") else "←"
+        reason = f" [{d['reason']}]" if d.get("reason") else ""
+        return False, f"{mark} {d.get('name')}{reason}: {str(d.get('content', ''))[:500]}"
+    if t == E.RUN_RETRY_PENDING:
+        err = d.get("error") or {}
+        at = _dt.datetime.fromtimestamp(d.get("nextAttemptAt", 0), _dt.timezone.utc).strftime("%H:%M:%S")
+        return False, (f"… {err.get('message', 'provider error')} — attempt {d.get('attempt')}/{d.get('maxAttempts')} "
+                       f"at {at} UTC (in {d.get('delay', 0):.1f}s)")
+    if t == E.CONTEXT_COMPACTED:
+        return False, f"· context compacted ({d.get('reason')}): messages before #{d.get('upto')} summarised"
+    if t == E.APPROVAL_REQUESTED:
+        return False, f"? approval needed: {d.get('name')}({json.dumps(d.get('arguments') or {}, ensure_ascii=False)})"
+    if t == E.APPROVAL_RESOLVED:
+        return False, f"· {'approved' if d.get('allow') else 'denied'}" + (f": {d['reason']}" if d.get("reason") else "")
+    if t == E.MESSAGE_ADDED:
+        if d.get("role") == "error":
+            err = (d.get("message") or {}).get("error") or {}
+            return False, f"! {err.get('type', 'error')}: {err.get('message', '')}"
+        return None
+    if t == E.RUN_COMPLETED:
+        return False, f"· run {d.get('run_id', '')[:8]} completed"
+    if t == E.RUN_FAILED:
+        err = d.get("error") or {}
+        return False, f"· run {d.get('run_id', '')[:8]} failed: {err.get('type')}: {err.get('message', '')}"
+    if t == E.RUN_CANCELLED:
+        return False, f"· run {d.get('run_id', '')[:8]} cancelled"
+    return None
+
+
+# ---------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``surefoot run``: exit 0 completed, 1 failed/cancelled, 3 parked, 130 interrupted."""
+    try:
+        return trio.run(_run_main, args)
+    except KeyboardInterrupt:
+        sys.stderr.write("\ninterrupted — run `surefoot run` again to resume\n")
+        return EXIT_INTERRUPTED
+
+
+async def _ask(question: str) -> bool:
+    def read() -> str:
+        sys.stdout.write(question)
+        sys.stdout.flush()
+        return sys.stdin.readline()
+
+    answer = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+    return answer.strip().lower() in ("y", "yes")
+
+
+async def _run_main(args: argparse.Namespace) -> int:
+    agent = Agent(args.agent, args.instructions, args.model, tools=[] if args.no_tools else demo_tools())
+    out = sys.stdout
+    renderer = _Renderer(out, as_json=args.json)
+    async with Runtime.open(_url(args), workers=1, agents=[agent], lease_seconds=args.lease_seconds) as rt:
+        conv = args.conversation
+        owner = rt.owner
+        try:
+            start = await rt.store.journal.tail_cursor(owner, conv)
+        except SessionNotFound:
+            start = None
+        pending = [r for r in await rt.runs(conv) if r.status in UNSETTLED]
+        for r in pending:
+            note = {"parked": "parked awaiting approval", "running": "interrupted earlier; resuming"}.get(r.status, "queued")
+            renderer._line(f"· resuming run {r.run_id[:8]} ({note}, attempt {r.attempt})")
+            if r.status == "running":
+                renderer._line("  (if its process was killed, its lease lapses within "
+                               f"{rt.store.lease_seconds:.0f}s and this process takes over)")
+        targets = {r.run_id for r in pending}
+        # Approvals requested before this process started are not in the live stream: ask now.
+        parked = [r for r in pending if r.status == "parked" and r.pending_approvals]
+        if parked:
+            calls = {p["id"]: p for m in await rt.transcript(conv) for p in M.tool_calls_of(m)}
+            for r in parked:
+                for cid in r.pending_approvals:
+                    c = calls.get(cid, {"name": "?", "arguments": {}})
+                    renderer._line(f"? approval needed: {c['name']}({json.dumps(c.get('arguments') or {}, ensure_ascii=False)})")
+                    if not args.yes and not sys.stdin.isatty():
+                        sys.stderr.write(f"run {r.run_id} is parked awaiting approval of {c['name']}; "
+                                         "run `surefoot run --yes` to approve it\n")
+                        return EXIT_PARKED
+                    allow = True if args.yes else await _ask("  approve? [y/N] ")
+                    await rt.approve(r.run_id, cid, allow, None if allow else "denied on the terminal")
+        mine = None
+        if args.message:
+            ack = await rt.submit(agent, conv, args.message)
+            mine = ack.run_id
+            targets.add(mine)
+        if not targets:
+            renderer._line(f"nothing to do in conversation {conv!r} (give a message)")
+            return 0
+        settled: dict[str, Any] = {}
+        answers: dict[str, str] = {}
+        async for ev in rt.events(conv, after=start):
+            renderer.event(ev)
+            d = ev.data or {}
+            rid = d.get("run_id")
+            if ev.type == E.APPROVAL_REQUESTED and rid in targets:
+                allow = True if args.yes else (sys.stdin.isatty() and await _ask("  approve? [y/N] "))
+                if not args.yes and not sys.stdin.isatty():
+                    renderer.finish()
+                    sys.stderr.write(f"run {rid} is parked awaiting approval of {d.get('name')}; "
+                                     "run `surefoot run --yes` to approve it\n")
+                    return EXIT_PARKED
+                await rt.approve(rid, d["call_id"], allow, None if allow else "denied on the terminal")
+            if ev.type == E.MESSAGE_ADDED and rid in targets and d.get("role") == "assistant":
+                answers[rid] = M.text_of(d.get("message") or {})
+            if ev.type in (E.RUN_COMPLETED, E.RUN_FAILED, E.RUN_CANCELLED) and rid in targets:
+                settled[rid] = d
+                if len(settled) == len(targets):
+                    break
+        renderer.finish()
+        final = settled.get(mine) if mine else None
+        if final is None and settled:
+            final = list(settled.values())[-1]
+        if final and final.get("status") == "completed":
+            if args.json:
+                out.write(json.dumps({"result": final.get("result")}, default=str) + "\n")
+            return 0
+        return EXIT_FAILED
+
+
+# ---------------------------------------------------------------------- inspect
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    return trio.run(_inspect_main, args)
+
+
+def _short_message(m: dict[str, Any]) -> str:
+    role = m.get("role")
+    if role == "compaction":
+        return f"[compaction up to #{m.get('upto')} ({m.get('reason')})] {str(m.get('summary', ''))[:200]}"
+    if role == "error":
+        e = m.get("error") or {}
+        return f"[error] {e.get('type')}: {e.get('message', '')}"
+    parts = []
+    t = M.text_of(m)
+    if t:
+        parts.append(t if len(t) <= 300 else t[:300] + "…")
+    for p in m.get("content") or ():
+        if p.get("type") == "tool_call":
+            parts.append(f"→ {p['name']}({json.dumps(p.get('arguments') or {}, ensure_ascii=False)}) [{p['id']}]")
+        elif p.get("type") == "tool_result":
+            mark = "✗" if p.get("is_error") else "←"
+            reason = f" [{p['reason']}]" if p.get("reason") else ""
+            parts.append(f"{mark} {p.get('name')}{reason}: {str(p.get('content', ''))[:300]} [{p['call_id']}]")
+    return " ".join(parts)
+
+
+async def _inspect_main(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    async with Runtime.open(_url(args), workers=0) as rt:
+        if not args.conversation:
+            convs = await rt.conversations()
+            rows = []
+            for c in convs:
+                runs = await rt.runs(c)
+                msgs = await rt.transcript(c)
+                rows.append({"conversation": c, "messages": len(msgs), "runs": len(runs),
+                             "states": {s: sum(1 for r in runs if r.status == s) for s in sorted({r.status for r in runs})}})
+            if args.json:
+                out.write(json.dumps(rows) + "\n")
+            elif not rows:
+                out.write("no conversations\n")
+            else:
+                for r in rows:
+                    states = ", ".join(f"{k} {v}" for k, v in r["states"].items())
+                    out.write(f"{r['conversation']}: {r['messages']} messages, {r['runs']} runs ({states})\n")
+            return 0
+        conv = args.conversation
+        runs = await rt.runs(conv)
+        msgs = await rt.transcript(conv)
+        try:
+            events = []
+            after = None
+            while True:
+                page = await rt.read_events(conv, after=after, limit=1000)
+                events.extend(page.events)
+                if not page.more:
+                    break
+                after = page.next_cursor
+        except SessionNotFound:
+            events = []
+        if args.events:
+            events = events[-args.events:]
+        if args.json:
+            out.write(json.dumps({
+                "conversation": conv,
+                "runs": [{"run_id": r.run_id, "status": r.status, "attempt": r.attempt, "agent": r.agent,
+                          "outcome": r.outcome, "pending_approvals": list(r.pending_approvals)} for r in runs],
+                "transcript": msgs,
+                "journal": [e.as_dict() for e in events],
+            }, default=str) + "\n")
+            return 0
+        out.write(f"conversation {conv}\n\nruns:\n")
+        for r in runs:
+            extra = ""
+            if r.outcome and r.outcome.get("error"):
+                extra = f" — {r.outcome['error'].get('type')}: {r.outcome['error'].get('message', '')}"
+            if r.pending_approvals:
+                extra += f" — awaiting approval of {', '.join(r.pending_approvals)}"
+            out.write(f"  {r.run_id}  {r.status:<9} attempt {r.attempt}  agent {r.agent}{extra}\n")
+        out.write("\ntranscript:\n")
+        for i, m in enumerate(msgs):
+            out.write(f"  #{i:<3} {m.get('role'):<10} {_short_message(m)}\n")
+        out.write(f"\njournal ({len(events)} events shown):\n")
+        for e in events:
+            ts = _dt.datetime.fromtimestamp(e.ts, _dt.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+            data = json.dumps(e.data, default=str, ensure_ascii=False)
+            out.write(f"  {ts} {e.cursor[:16]}… {e.type:<18} {data[:160]}\n")
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loop.cli run|inspect ...`` (the same commands without the server)."""
+    parser = argparse.ArgumentParser(prog="surefoot")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

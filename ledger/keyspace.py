@@ -41,7 +41,13 @@ Key (under root["l"])              Value
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import kv
+
+#: Packed keys are pure functions of their parts; tuple packing costs tens of
+#: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
+_CACHE = 8_192
 
 __all__ = ["LedgerKeyspace"]
 
@@ -63,41 +69,53 @@ class LedgerKeyspace:
         return kv.Subspace(raw_prefix=self.base.pack(t))
 
     # submissions
+    @lru_cache(maxsize=_CACHE)
     def submission(self, tag: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "sub", sid))
 
+    @lru_cache(maxsize=_CACHE)
     def submission_body(self, tag: str, sid: str) -> "kv.Subspace":
         return self._sub(("o", tag, "sbd", sid))
 
+    @lru_cache(maxsize=_CACHE)
     def submission_cursor(self, tag: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "sbc", sid))
 
     # conversations
+    @lru_cache(maxsize=_CACHE)
     def conversation_state(self, tag: str, conv: str) -> bytes:
         return self.base.pack(("o", tag, "cs", conv))
 
+    @lru_cache(maxsize=_CACHE)
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
         return self.base.pack(("o", tag, "q", conv, seq))
 
+    @lru_cache(maxsize=_CACHE)
     def fifo_range(self, tag: str, conv: str) -> slice:
         return self.base.range(("o", tag, "q", conv))
 
+    @lru_cache(maxsize=_CACHE)
     def history(self, tag: str, conv: str, seq: int) -> bytes:
         return self.base.pack(("o", tag, "h", conv, seq))
 
+    @lru_cache(maxsize=_CACHE)
     def history_range(self, tag: str, conv: str) -> slice:
         return self.base.range(("o", tag, "h", conv))
 
     # runs
+    @lru_cache(maxsize=_CACHE)
     def run(self, run_id: str) -> bytes:
         return self.base.pack(("run", run_id))
 
+    @lru_cache(maxsize=_CACHE)
     def outcome(self, run_id: str) -> "kv.Subspace":
         return self._sub(("out", run_id))
 
+    @lru_cache(maxsize=_CACHE)
     def lease(self, run_id: str) -> bytes:
         return self.base.pack(("rl", run_id))
 
+    @lru_cache(maxsize=_CACHE)
     def cancel(self, run_id: str) -> bytes:
         return self.base.pack(("cx", run_id))
 
@@ -117,15 +135,19 @@ class LedgerKeyspace:
         return self.base.pack(("sig",))
 
     # usage
+    @lru_cache(maxsize=_CACHE)
     def usage_step(self, run_id: str, step_id: str) -> bytes:
         return self.base.pack(("u", run_id, "s", step_id))
 
+    @lru_cache(maxsize=_CACHE)
     def usage_total(self, run_id: str, field: str) -> bytes:
         return self.base.pack(("u", run_id, "t", field))
 
+    @lru_cache(maxsize=_CACHE)
     def usage_totals_range(self, run_id: str) -> slice:
         return self.base.range(("u", run_id, "t"))
 
     # durable steps
+    @lru_cache(maxsize=_CACHE)
     def step(self, run_id: str, name: str) -> "kv.Subspace":
         return self._sub(("st", run_id, name))

@@ -42,7 +42,13 @@ Key (under root["s"])                       Value
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import kv
+
+#: Packed keys are pure functions of their parts; tuple packing costs tens of
+#: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
+_CACHE = 8_192
 
 __all__ = ["SessionsKeyspace", "DEFAULT_ROOT", "default_root"]
 
@@ -69,49 +75,63 @@ class SessionsKeyspace:
         return kv.Subspace(raw_prefix=self.base.pack(t))
 
     # -- owners -------------------------------------------------------------
+    @lru_cache(maxsize=_CACHE)
     def owner_range(self, tag: str) -> slice:
         return self.base.range(("o", tag))
 
     # -- conversations and journal -----------------------------------------
+    @lru_cache(maxsize=_CACHE)
     def conversation(self, tag: str, conv: str) -> bytes:
         return self.base.pack(("o", tag, "cv", conv))
 
+    @lru_cache(maxsize=_CACHE)
     def conversations_range(self, tag: str) -> slice:
         return self.base.range(("o", tag, "cv"))
 
+    @lru_cache(maxsize=_CACHE)
     def events(self, tag: str, conv: str) -> "kv.Subspace":
         """Subspace of the journal's events; keys are ``(<versionstamp>,)`` inside it."""
         return self._sub(("o", tag, "jn", conv, "e"))
 
+    @lru_cache(maxsize=_CACHE)
     def emitted(self, tag: str, conv: str) -> bytes:
         return self.base.pack(("o", tag, "jn", conv, "n"))
 
+    @lru_cache(maxsize=_CACHE)
     def trimmed(self, tag: str, conv: str) -> bytes:
         return self.base.pack(("o", tag, "jn", conv, "t"))
 
+    @lru_cache(maxsize=_CACHE)
     def watermark(self, tag: str, conv: str) -> bytes:
         return self.base.pack(("o", tag, "jn", conv, "w"))
 
     # -- sessions (transcripts) --------------------------------------------
+    @lru_cache(maxsize=_CACHE)
     def head(self, tag: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "ss", sid, "h"))
 
+    @lru_cache(maxsize=_CACHE)
     def meta(self, tag: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "ss", sid, "meta"))
 
+    @lru_cache(maxsize=_CACHE)
     def messages(self, tag: str, sid: str) -> "kv.Subspace":
         """Subspace of message chunks: keys ``(seq, chunk)``."""
         return self._sub(("o", tag, "ss", sid, "m"))
 
+    @lru_cache(maxsize=_CACHE)
     def session_range(self, tag: str, sid: str) -> slice:
         return self.base.range(("o", tag, "ss", sid))
 
+    @lru_cache(maxsize=_CACHE)
     def session_listing(self, tag: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "sl", sid))
 
+    @lru_cache(maxsize=_CACHE)
     def session_listing_range(self, tag: str) -> slice:
         return self.base.range(("o", tag, "sl"))
 
+    @lru_cache(maxsize=_CACHE)
     def staging_fork(self, created_us: int, tag: str, sid: str) -> bytes:
         return self.base.pack(("fs", created_us, tag, sid))
 
@@ -119,28 +139,36 @@ class SessionsKeyspace:
         return self.base.range(("fs",))
 
     # -- projects -----------------------------------------------------------
+    @lru_cache(maxsize=_CACHE)
     def project(self, tag: str, pid: str) -> bytes:
         return self.base.pack(("o", tag, "pj", pid))
 
+    @lru_cache(maxsize=_CACHE)
     def projects_range(self, tag: str) -> slice:
         return self.base.range(("o", tag, "pj"))
 
+    @lru_cache(maxsize=_CACHE)
     def project_member(self, tag: str, pid: str, sid: str) -> bytes:
         return self.base.pack(("o", tag, "pm", pid, sid))
 
+    @lru_cache(maxsize=_CACHE)
     def project_members_range(self, tag: str, pid: str) -> slice:
         return self.base.range(("o", tag, "pm", pid))
 
     # -- attachments --------------------------------------------------------
+    @lru_cache(maxsize=_CACHE)
     def attachment(self, tag: str, aid: str) -> bytes:
         return self.base.pack(("o", tag, "at", aid))
 
+    @lru_cache(maxsize=_CACHE)
     def attachment_chunks(self, tag: str, aid: str) -> "kv.Subspace":
         return self._sub(("o", tag, "ac", aid))
 
+    @lru_cache(maxsize=_CACHE)
     def attachments_range(self, tag: str) -> slice:
         return self.base.range(("o", tag, "at"))
 
+    @lru_cache(maxsize=_CACHE)
     def pending_attachment(self, created_us: int, tag: str, aid: str) -> bytes:
         return self.base.pack(("ap", created_us, tag, aid))
 

@@ -235,3 +235,18 @@ async def test_coalescer_drain_before_other_events_keeps_order_across_retries(db
         (events.MESSAGE_ADDED, {"text": "hello"}),
     ]
     assert co.pending == 0
+
+
+def test_hand_built_event_keys_are_tuple_layer_keys():
+    import kv
+    from kv.tuple import Versionstamp
+    from sessions.journal import _position_of, _stamped_event_key
+    from sessions.keyspace import SessionsKeyspace
+
+    sub = SessionsKeyspace().events("r/s", "conv")
+    for order in (0, 1, 258, 65_535):
+        assert _stamped_event_key(sub.raw_prefix, order) == sub.pack_with_versionstamp((Versionstamp(user_version=order),))
+    stamp = bytes(range(10))
+    key = sub.pack((Versionstamp(stamp, 7),))
+    assert _position_of(sub.raw_prefix, key) == stamp + (7).to_bytes(2, "big")
+    assert kv.tuple.unpack(key[len(sub.raw_prefix):])[0].user_version == 7

@@ -78,6 +78,10 @@ class Recorder:
         self.tr.add(key, param)
         self.ops.append(["add", key, param])
 
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self.tr.clear_range(begin, end)
+        self.ops.append(["clear_range", begin, end])
+
     def seal(self, txid: bytes) -> None:
         """The oracle record, written in the same transaction at its versionstamp."""
         self.tr.set_versionstamped_key(
@@ -120,6 +124,9 @@ async def replay_and_check(
                 state[op[1]] = op[2]
             elif kind == "clear":
                 state.pop(op[1], None)
+            elif kind == "clear_range":
+                for k in [k for k in state if op[1] <= k < op[2]]:
+                    del state[k]
             elif kind == "add":
                 old = state.get(op[1])
                 n = len(op[2])
@@ -317,6 +324,63 @@ def test_cycle_is_serializable(backend_name, plans):
         values = {CYCLE.unpack(k)[0]: unle(v) for k, v in state.items() if CYCLE.contains(k)}
         assert len(values) == NODES
         assert walk(values) == NODES
+
+    trio.run(with_db, backend_name, main)
+
+
+# ---------------------------------------------------------------------------
+# Random transactions over a small keyspace (every read kind, every write kind)
+# ---------------------------------------------------------------------------
+
+RKEYS = [b"r/%d" % i for i in range(6)]
+rkey = st.sampled_from(RKEYS)
+random_op = st.one_of(
+    st.tuples(st.just("get"), rkey),
+    st.tuples(st.just("range"), rkey, rkey, st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("set"), rkey, st.binary(min_size=1, max_size=3)),
+    st.tuples(st.just("clear"), rkey),
+    st.tuples(st.just("clear_range"), rkey, rkey),
+    st.tuples(st.just("add"), rkey),
+    st.tuples(st.just("yield"), st.integers(1, 3)),
+)
+random_plans = st.lists(st.lists(st.lists(random_op, min_size=1, max_size=6), min_size=1, max_size=8), min_size=2, max_size=5)
+
+
+async def random_step(rec: Recorder, body) -> None:
+    for op in body:
+        kind = op[0]
+        if kind == "get":
+            await rec.get(op[1])
+        elif kind == "range":
+            b, e = sorted((op[1], op[2]))
+            await rec.get_range(b, e, limit=op[3], reverse=op[4])
+        elif kind == "set":
+            rec.set(op[1], op[2])
+        elif kind == "clear":
+            rec.clear(op[1])
+        elif kind == "clear_range":
+            b, e = sorted((op[1], op[2]))
+            rec.clear_range(b, e)
+        elif kind == "add":
+            rec.add(op[1], b"\x01")
+        else:
+            await yields(op[1])
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "lmdb"])
+@SETTINGS
+@given(plans=random_plans)
+def test_random_transactions_are_serializable(backend_name, plans):
+    initial = {k: b"init" for k in RKEYS[::2]}
+
+    async def main(db):
+        async def setup(tr):  # idempotent
+            for k, v in initial.items():
+                tr.set(k, v)
+
+        await db.transact(setup)
+        acknowledged, maybe = await run_clients(db, plans, random_step)
+        await replay_and_check(db, initial, acknowledged, maybe)
 
     trio.run(with_db, backend_name, main)
 

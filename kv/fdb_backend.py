@@ -216,6 +216,12 @@ def _check_range(begin: bytes, end: bytes) -> tuple[bytes, bytes]:
     return begin, end
 
 
+def _check_stamp_offset(param: bytes, what: str) -> None:
+    offset = int.from_bytes(param[-4:], "little")
+    if offset + 10 > len(param) - 4:
+        raise KVError(_CLIENT_INVALID_OPERATION, f"versionstamp offset {offset} does not fit the {what}")
+
+
 def _strinc(prefix: bytes) -> bytes:
     """The first key after every key starting with ``prefix`` (fdb.impl.strinc)."""
     p = bytes(prefix).rstrip(b"\xff")
@@ -423,16 +429,22 @@ class FDBTransaction:
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         key, value = bytes(key), _check_value(value)
-        # The 4-byte offset suffix is not part of the stored key; the final key
-        # must stay within the limits.
-        if len(key) - 4 > KEY_SIZE_LIMIT:
-            raise KVError(_KEY_TOO_LARGE)
+        # libfdb_c reports a malformed stamp template only at the next read or
+        # commit (the C call is void); check it here so it raises at once, as on
+        # the embedded engine. The 4-byte offset suffix is not part of the key.
+        if len(key) < 14:
+            raise KVError(_CLIENT_INVALID_OPERATION, "a versionstamped key needs at least 14 bytes")
+        _check_stamp_offset(key, "key")
+        _check_key(key[:-4], for_write=True)
         with _mapped():
             self._tr._atomic_operation(_OPCODES["set_versionstamped_key"], key, value)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         key = _check_key(key, for_write=True)
         value = bytes(value)
+        if len(value) < 4:
+            raise KVError(_CLIENT_INVALID_OPERATION, "a versionstamped value needs a 4-byte offset suffix")
+        _check_stamp_offset(value, "value")
         if len(value) - 4 > VALUE_SIZE_LIMIT:
             raise KVError(_VALUE_TOO_LARGE)
         with _mapped():

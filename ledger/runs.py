@@ -340,7 +340,7 @@ class Ledger:
         _check_id("worker id", worker_id)
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
-        nonce = os.urandom(8)
+        nonce = self.new_id()
         tried: list[str] = []
 
         async def fn(tr: Any) -> Any:

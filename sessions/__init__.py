@@ -102,7 +102,8 @@ class Sessions:
         self.db = db
         self.root = root if root is not None else default_root()
         ids = new_id or (lambda: uuid.uuid4().hex)
-        self.journal = Journal(db, self.root, retention=retention, clock=clock)
+        self.journal = Journal(db, self.root, retention=retention, clock=clock,
+                               **({"new_id": new_id} if new_id else {}))
         self.transcripts = Transcripts(db, self.root, clock=clock, new_id=ids)
         self.projects = Projects(db, self.root, clock=clock, new_id=ids)
         self.attachments = Attachments(db, self.root, clock=clock, new_id=ids)

@@ -242,7 +242,7 @@ class Transcripts:
     async def append(self, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
                      expected_head: int | None = None) -> int:
         """Append in a transaction of its own. Guarded by a token chosen before the first attempt."""
-        token = os.urandom(16)
+        token = self.new_id().encode()
         return await self.db.transact(
             lambda tr: self.append_tr(tr, owner, session_id, messages, expected_head=expected_head, token=token))
 

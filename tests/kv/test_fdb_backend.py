@@ -70,9 +70,11 @@ def test_client_side_checks_match_the_embedded_engine():
         (lambda: fdb_backend._check_value(b"v" * (VALUE_SIZE_LIMIT + 1)), 2103),
         (lambda: fdb_backend._check_range(b"b", b"a"), 2005),
         (lambda: fdb_backend._check_range(b"a", b"\xff\x00"), 2004),
+        (lambda: fdb_backend._check_stamp_offset(b"x" * 12 + (5).to_bytes(4, "little"), "key"), 2000),
     ]:
         with pytest.raises(kv.KVError) as info:
             fn()
         assert info.value.code == code
     assert fdb_backend._check_key(b"k" * KEY_SIZE_LIMIT, for_write=True) == b"k" * KEY_SIZE_LIMIT
     assert fdb_backend._check_range(b"a", b"\xff") == (b"a", b"\xff")
+    fdb_backend._check_stamp_offset(b"x" * 12 + (2).to_bytes(4, "little"), "key")  # fits: no error

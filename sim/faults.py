@@ -1,0 +1,185 @@
+"""Fault injection: crashes at chosen writes, FoundationDB-client-style BUGGIFY, the kv fault hooks.
+
+Write numbering.  Every transaction that reaches ``commit`` with mutations
+is a *write*, numbered 1, 2, 3 ... in the order the world sees them (across
+all processes; retries count again).  With the same seed a run is identical
+up to any write, so "crash before/after write k" names one exact point in
+the history: *before* = the process dies as it hands the write to the
+engine (it never happens); *after* = the write was resolved (applied, or
+refused) and the process dies before its caller hears.
+
+BUGGIFY (flow/include/flow/Buggify.h): a fault site is enabled for a run
+with probability 1/4 the first time it is reached, and an enabled site
+fires with probability 1/4 each time.  Sites are only consulted while
+``world.faults_on`` (recovery to quiescence runs fault-free, as FDB's
+simulator stops its chaos workloads before the final checks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import kv
+from kv.engine import CommitRequest, FaultHooks
+
+if TYPE_CHECKING:
+    from .world import World
+
+__all__ = ["Crash", "FaultPlan", "Buggify", "SimHooks", "BUGGIFY_ENABLE", "BUGGIFY_FIRE"]
+
+BUGGIFY_ENABLE = 0.25
+BUGGIFY_FIRE = 0.25
+# A process that keeps crashing must still make progress: random-mode crashes stop after this many.
+MAX_RANDOM_CRASHES = 4
+
+assert 0 < BUGGIFY_ENABLE <= 1 and 0 < BUGGIFY_FIRE <= 1
+
+
+class Crash(BaseException):
+    """The simulated process died here.
+
+    A ``BaseException`` so the code under test cannot swallow it with
+    ``except Exception`` and carry on as if it were alive.
+    """
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """What goes wrong in one run."""
+
+    crash_at: int | None = None  # write number (1-based) to crash at, exhaustive mode
+    crash_when: str = "before"  # "before" | "after"
+    buggify: bool = False  # random mode: BUGGIFY sites (kv errors, provider errors, tool errors, crashes)
+    crash_rate: float = 0.0  # random mode: chance that a write is a crash point (when its site is on)
+
+    def __post_init__(self) -> None:
+        assert self.crash_when in ("before", "after")
+        assert self.crash_at is None or self.crash_at >= 1
+
+    def with_crash(self, k: int, when: str) -> "FaultPlan":
+        return replace(self, crash_at=k, crash_when=when)
+
+    def describe(self) -> str:
+        parts = []
+        if self.crash_at is not None:
+            parts.append(f"crash {self.crash_when} write {self.crash_at}")
+        if self.buggify:
+            parts.append("buggify")
+        return ", ".join(parts) or "no faults"
+
+
+class Buggify:
+    """Per-run fault sites: enabled with 1/4 at first use, then firing with 1/4."""
+
+    def __init__(self, rng: random.Random, *, enabled: bool) -> None:
+        self.rng = rng
+        self.enabled = enabled
+        self.sites: dict[str, bool] = {}
+        self.gate = True  # world.faults_on, mirrored by the world
+
+    def __call__(self, site: str, fire: float = BUGGIFY_FIRE) -> bool:
+        if not (self.enabled and self.gate):
+            return False
+        on = self.sites.get(site)
+        if on is None:
+            on = self.sites[site] = self.rng.random() < BUGGIFY_ENABLE
+        return on and self.rng.random() < fire
+
+
+def digest_mutations(mutations: list[Any]) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    for m in mutations:
+        for part in m:
+            h.update(part if isinstance(part, (bytes, bytearray)) else str(part).encode())
+            h.update(b"\x00")
+    return h.hexdigest()
+
+
+class SimHooks(FaultHooks):
+    """The world's view into the kv engine: numbering writes, crashing processes, BUGGIFY errors."""
+
+    def __init__(self, world: "World") -> None:
+        self.world = world
+        self.random_crashes = 0
+
+    def _proc(self, tr: Any) -> Any:
+        return getattr(tr.db, "process", None)
+
+    def on_read(self, tr: Any) -> None:
+        proc = self._proc(tr)
+        if proc is not None:
+            proc.check_alive()
+        b = self.world.buggify
+        if b("kv.read.1007", 0.05):
+            self.world.fault("kv.read.1007")
+            raise kv.KVError(1007)
+        if b("kv.read.1009", 0.05):
+            self.world.fault("kv.read.1009")
+            raise kv.KVError(1009)
+
+    def before_commit(self, tr: Any) -> None:
+        world = self.world
+        proc = self._proc(tr)
+        if proc is not None:
+            proc.check_alive()
+        world.stats["writes"] += 1
+        k = world.stats["writes"]
+        tr._sim_k = k
+        plan = world.plan
+        if plan.crash_at == k and plan.crash_when == "before" and proc is not None:
+            world.fault("crash.before_commit", k)
+            proc.kill(f"before write {k}")
+            raise Crash(f"before write {k}")
+        b = world.buggify
+        if (proc is not None and plan.crash_rate and self.random_crashes < MAX_RANDOM_CRASHES
+                and b("crash.before_commit", plan.crash_rate)):
+            self.random_crashes += 1
+            world.fault("crash.before_commit", k)
+            proc.kill(f"before write {k}")
+            raise Crash(f"before write {k}")
+        if b("kv.commit.1020"):
+            world.fault("kv.commit.1020", k)
+            raise kv.KVError(1020)
+        if b("kv.commit.1007", 0.1):
+            world.fault("kv.commit.1007", k)
+            raise kv.KVError(1007)
+
+    def crash_after(self, tr: Any) -> bool:
+        """Called when a write's commit call returns (or fails): should the process die right here?"""
+        world = self.world
+        k = getattr(tr, "_sim_k", None)
+        proc = self._proc(tr)
+        if k is None or proc is None or proc.dead:
+            return False
+        plan = world.plan
+        if plan.crash_at == k and plan.crash_when == "after":
+            world.fault("crash.after_commit", k)
+            proc.kill(f"after write {k}")
+            return True
+        if (plan.crash_rate and self.random_crashes < MAX_RANDOM_CRASHES
+                and world.buggify("crash.after_commit", plan.crash_rate)):
+            self.random_crashes += 1
+            world.fault("crash.after_commit", k)
+            proc.kill(f"after write {k}")
+            return True
+        return False
+
+    def before_apply(self, version: int, batch: list[CommitRequest]) -> None:
+        pass
+
+    def after_apply(self, version: int, batch: list[CommitRequest]) -> dict[CommitRequest, BaseException] | None:
+        world = self.world
+        failures: dict[CommitRequest, BaseException] = {}
+        for order, req in enumerate(batch):
+            world.stats["commits"] += 1
+            proc = self._proc(req.tag)
+            world.oracle.committed(version, order, req)
+            world.trace.add("commit", version, order, proc.label if proc else "-",
+                            getattr(req.tag, "_sim_k", "-"), digest_mutations(req.mutations))
+            if world.buggify("kv.commit.1021"):
+                world.fault("kv.commit.1021", getattr(req.tag, "_sim_k", "-"))
+                failures[req] = kv.KVError(1021)
+        return failures or None

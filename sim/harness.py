@@ -1,0 +1,169 @@
+"""Running scenarios: one run, exhaustive crash points, random seeds.
+
+A :class:`Scenario` says how to boot a process (``boot``), what the
+simulated clients do (``drive``), when the system is quiet (``quiesce``)
+and what must hold afterwards (``check``).  :func:`run_once` executes it in
+a fresh :class:`~sim.world.World`: processes under supervision (restarted
+after every crash), the clients, then faults off and recovery to
+quiescence, then the checks on a fault-free handle, then the kv oracle.
+
+:func:`exhaustive` first runs a scenario fault-free to count its writes W,
+then crashes before and after each write k in 1..W (2W runs), each on the
+same seed, so crash point k is the same instant of the same history.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, AsyncContextManager, Callable, Iterator
+
+import trio
+
+from .faults import FaultPlan
+from .world import Process, Violation, World
+
+__all__ = ["Scenario", "RunResult", "run_once", "exhaustive", "random_runs", "replay_command", "Checker"]
+
+
+class Checker:
+    """What ``Scenario.check`` gets: a fault-free database handle and the world to report into."""
+
+    def __init__(self, world: World) -> None:
+        from .oracle import RecordingDatabase
+
+        self.world = world
+        self.db = RecordingDatabase(world.engine.engine, None)
+        self.checks = 0
+
+    def expect(self, ok: bool, invariant: str, promise: int | None, detail: str) -> bool:
+        """Count one invariant check; report a violation when ``ok`` is false."""
+        self.checks += 1
+        if not ok:
+            self.world.violate(invariant, promise, detail)
+        return ok
+
+
+class Scenario:
+    """A workload: processes, clients, quiescence and the invariants it checks."""
+
+    name = "scenario"
+    description = ""
+    processes: tuple[str, ...] = ("p1",)
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def boot(self, proc: Process) -> AsyncContextManager[Any]:
+        raise NotImplementedError
+
+    async def drive(self) -> None:
+        """The simulated clients; returns when they have done (and heard back) what they set out to."""
+
+    async def quiesce(self) -> None:
+        """Faults are off: wait until recovery has settled everything acknowledged."""
+
+    async def check(self, checker: Checker) -> None:
+        """Check the invariants against the store and what the world counted."""
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    seed: int
+    plan: FaultPlan
+    violations: list[Violation]
+    trace: str
+    writes: int
+    commits: int
+    crashes: int
+    restarts: int
+    faults: dict[str, int]
+    checks: int
+    virtual_seconds: float
+    wall_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+ScenarioFactory = Callable[[World], Scenario]
+
+
+def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0) -> RunResult:
+    """One complete run: boot, drive, recover to quiescence, check."""
+    plan = plan or FaultPlan()
+    world = World(seed, plan, trace_keep=trace_keep)
+    scenario = factory(world)
+    checker = Checker(world)
+    t0 = _time.perf_counter()
+
+    async def main(world: World) -> None:
+        async with trio.open_nursery() as nursery:
+            for name in scenario.processes:
+                await nursery.start(world.supervise, name, scenario.boot)
+            await scenario.drive()
+            world.faults_on = False
+            await scenario.quiesce()
+            world.stopping = True
+            nursery.cancel_scope.cancel()
+        world.trace.add("checks", f"{world.now():.6f}")
+        await scenario.check(checker)
+        problems = world.oracle.check(world.engine)
+        checker.checks += 1
+        for p in problems:
+            world.violate("kv_serializable", None, p)
+
+    world.run(main)
+    return RunResult(
+        scenario=scenario.name,
+        seed=seed,
+        plan=plan,
+        violations=list(world.violations),
+        trace=world.trace.hexdigest(),
+        writes=world.stats["writes"],
+        commits=world.stats["commits"],
+        crashes=world.stats["crashes"],
+        restarts=world.stats["restarts"],
+        faults=dict(world.faults),
+        checks=checker.checks,
+        virtual_seconds=world.finished_at,
+        wall_seconds=_time.perf_counter() - t0,
+    )
+
+
+def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None) -> Iterator[RunResult]:
+    """The fault-free run, then a crash before and after every write k in 1..W."""
+    base = run_once(factory, seed)
+    yield base
+    if base.violations:
+        return
+    total = base.writes if limit is None else min(base.writes, limit)
+    for k in range(1, total + 1):
+        for when in ("before", "after"):
+            yield run_once(factory, seed, FaultPlan().with_crash(k, when))
+
+
+def random_runs(factories: list[ScenarioFactory], seed: int, runs: int) -> Iterator[RunResult]:
+    """Seeded random runs: scenario picked by the seed, BUGGIFY faults and random crashes on."""
+    for i in range(runs):
+        s = seed + i
+        factory = factories[s % len(factories)]
+        yield run_once(factory, s, random_plan(s))
+
+
+def random_plan(seed: int) -> FaultPlan:
+    return FaultPlan(buggify=True, crash_rate=0.25)
+
+
+def replay_command(result: RunResult) -> str:
+    """The exact command that reproduces ``result``."""
+    cmd = f"surefoot sim --scenario {result.scenario} --seed {result.seed}"
+    p = result.plan
+    if p.crash_at is not None:
+        cmd += f" --crash-{p.crash_when} {p.crash_at}"
+    elif p.buggify:
+        cmd += " --buggify"
+    return cmd

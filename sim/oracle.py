@@ -1,0 +1,260 @@
+"""The kv serializability oracle (D. Scherer's versionstamp oracle, fdb-semantics.md section 4).
+
+Every transaction of the simulated processes is a :class:`RecordingTransaction`:
+it logs, out of band, each non-snapshot read with its result and the number
+of its own mutations buffered at that moment.  The engine's ``after_apply``
+hook hands the oracle each committed transaction with its commit version
+and its order in the batch — exactly the versionstamp, i.e. the
+serialization order, and the truth about every ``commit_unknown_result``.
+
+:meth:`Oracle.check` replays the committed transactions in versionstamp
+order over a model dictionary.  For each one it re-executes the logged
+reads against (model state at its serialization point) overlaid with its
+own earlier mutations, and demands the same answers: a transaction that
+read something another transaction serialized before it had overwritten
+is a serializability violation.  Finally the model must equal what the
+engine holds (nothing lost, nothing half-applied).  Linear in the history.
+
+Snapshot reads are not checked (they add no conflict and may legitimately
+see an older value); neither are read-only transactions (their read version
+orders them, and they commit nothing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+from sortedcontainers import SortedDict
+
+import kv
+from kv.atomic import apply_atomic
+from kv.engine import CommitRequest, _stamp_into
+from kv.selectors import KeySelector
+from kv.transaction import Transaction
+
+if TYPE_CHECKING:
+    from .world import Process, World
+
+__all__ = ["Oracle", "RecordingDatabase", "RecordingTransaction"]
+
+_SYSTEM = b"\xff"
+# The oracle keeps every committed transaction of a run; a run that commits more is cut off.
+MAX_ORACLE_TRANSACTIONS = 200_000
+
+
+class RecordingTransaction(Transaction):
+    """A real kv transaction that also logs its non-snapshot reads for the oracle."""
+
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self._sim_log: list[tuple] = []
+        self._sim_k = None
+
+    async def _latency(self) -> None:
+        """Simulated network latency: a read or commit yields, so transactions really interleave.
+
+        (The memory engine answers reads synchronously and a lone commit
+        without a checkpoint; without this, concurrent transactions would
+        never overlap and conflicts would never be exercised.)
+        """
+        world = self.db.world
+        if world is not None:
+            await trio.sleep(world.latency())
+
+    async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
+        await self._latency()
+        value = await super()._get(key, snapshot)
+        if not snapshot:
+            self._sim_log.append(("get", len(self._mutations), key, value))
+        return value
+
+    async def _get_range(self, begin: Any, end: Any, limit: int, reverse: bool, snapshot: bool) -> list:
+        await self._latency()
+        begin, end = await self._resolve_bounds(begin, end, snapshot)
+        rows = await super()._get_range(begin, end, limit, reverse, snapshot)
+        if not snapshot:
+            self._sim_log.append(("range", len(self._mutations), begin, end, limit, reverse,
+                                  [(r[0], r[1]) for r in rows]))
+        return rows
+
+    async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
+        await self._latency()
+        result = await super()._get_key(sel, snapshot)
+        if not snapshot:
+            self._sim_log.append(("key", len(self._mutations), sel.key, sel.or_equal, sel.offset, result))
+        return result
+
+    async def commit(self) -> None:
+        hooks = self._engine.hooks
+        if self._mutations or self._write_ranges:
+            await self._latency()
+        try:
+            await super().commit()
+        finally:
+            crash_after = getattr(hooks, "crash_after", None)
+            if crash_after is not None and crash_after(self):
+                from .faults import Crash
+
+                raise Crash(f"after write {self._sim_k}")
+
+
+class RecordingDatabase(kv.Database):
+    """A database handle owned by one simulated process; its transactions record for the oracle."""
+
+    def __init__(self, engine: Any, process: "Process | None", world: "World | None" = None) -> None:
+        super().__init__(engine, url="memory:", owns_engine=False)
+        self.process = process
+        self.world = world if world is not None else (process.world if process is not None else None)
+
+    def create_transaction(self) -> Transaction:
+        if self._engine.closed:
+            raise kv.KVError(2000, "database is closed")
+        return RecordingTransaction(self)
+
+
+class _Overlay:
+    """The model state at a serialization point, with one transaction's own mutations on top."""
+
+    def __init__(self, base: SortedDict) -> None:
+        self.base = base
+        self.writes: dict[bytes, bytes | None] = {}
+        self.clears: list[tuple[bytes, bytes]] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.writes:
+            return self.writes[key]
+        for b, e in self.clears:
+            if b <= key < e:
+                return None
+        return self.base.get(key)
+
+    def apply(self, m: tuple) -> None:
+        kind = m[0]
+        if kind == "set":
+            self.writes[m[1]] = m[2]
+        elif kind == "clear":
+            b, e = m[1], m[2]
+            for k in [k for k in self.writes if b <= k < e]:
+                self.writes[k] = None
+            self.clears.append((b, e))
+        else:
+            _, op, key, param = m
+            self.writes[key] = apply_atomic(op, self.get(key), param)
+
+    def range(self, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        keys = set(self.base.irange(begin, end, inclusive=(True, False)))
+        keys.update(k for k in self.writes if begin <= k < end)
+        out = []
+        for k in sorted(keys):
+            v = self.get(k)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+
+class Oracle:
+    """Collects committed transactions; :meth:`check` replays them in versionstamp order."""
+
+    def __init__(self) -> None:
+        self.history: list[tuple[int, int, list[tuple], list[tuple]]] = []
+        self.truncated = False
+
+    def committed(self, version: int, order: int, req: CommitRequest) -> None:
+        if len(self.history) >= MAX_ORACLE_TRANSACTIONS:
+            self.truncated = True
+            return
+        tr = req.tag
+        muts = list(req.mutations)
+        for index, kind, key, value, offset in req.stamped:
+            if kind == "key":
+                muts[index] = ("set", _stamp_into(key, offset, req.stamp), value)
+            else:
+                muts[index] = ("set", key, _stamp_into(value, offset, req.stamp))
+        log = list(getattr(tr, "_sim_log", ()))
+        self.history.append((version, order, muts, log))
+
+    def check(self, engine: Any) -> list[str]:
+        """Replay the history; return what does not serialize (empty when all is well)."""
+        problems: list[str] = []
+        model = SortedDict()
+        for version, order, muts, log in sorted(self.history, key=lambda h: (h[0], h[1])):
+            ov = _Overlay(model)
+            mi = 0
+            for entry in log:
+                upto = entry[1]
+                while mi < upto:
+                    ov.apply(muts[mi])
+                    mi += 1
+                bad = self._check_read(ov, entry)
+                if bad:
+                    problems.append(f"transaction at versionstamp ({version}, {order}): {bad}")
+                    if len(problems) >= 5:
+                        return problems
+            for m in muts:
+                _apply(model, m)
+        if not self.truncated:
+            snap = engine.store.snapshot()
+            actual = snap.range(b"", _SYSTEM, False, 0)
+            snap.close()
+            expected = list(model.items())
+            if actual != expected:
+                a, e = dict(actual), dict(expected)
+                diff = sorted(set(a) ^ set(e) | {k for k in set(a) & set(e) if a[k] != e[k]})
+                problems.append(f"store differs from the replayed history at {len(diff)} key(s), first {diff[0]!r}")
+        return problems
+
+    @staticmethod
+    def _check_read(ov: _Overlay, entry: tuple) -> str | None:
+        kind = entry[0]
+        if kind == "get":
+            _, _, key, seen = entry
+            want = ov.get(key)
+            if want != seen:
+                return f"get {key!r} saw {seen!r}, serial order gives {want!r}"
+        elif kind == "range":
+            _, _, begin, end, limit, reverse, seen = entry
+            rows = ov.range(begin, end)
+            if reverse:
+                rows.reverse()
+            if limit:
+                rows = rows[:limit]
+            if rows != seen:
+                return f"get_range [{begin!r}, {end!r}) saw {len(seen)} rows, serial order gives {len(rows)} (or other values)"
+        elif kind == "key":
+            _, _, ref, or_equal, offset, seen = entry
+            want = _resolve_selector(ov, ref, or_equal, offset)
+            if want != seen:
+                return f"get_key({ref!r}, {or_equal}, {offset}) saw {seen!r}, serial order gives {want!r}"
+        return None
+
+
+def _resolve_selector(ov: _Overlay, ref: bytes, or_equal: bool, offset: int) -> bytes:
+    from kv.resolver import key_after
+
+    if ref > _SYSTEM:
+        ref = _SYSTEM
+    if offset <= 0:
+        hi = key_after(ref) if or_equal else ref
+        need = 1 - offset
+        rows = list(reversed(ov.range(b"", hi))) if hi > b"" else []
+        return rows[need - 1][0] if len(rows) >= need else b""
+    lo = key_after(ref) if or_equal else ref
+    rows = ov.range(lo, _SYSTEM) if lo < _SYSTEM else []
+    return rows[offset - 1][0] if len(rows) >= offset else _SYSTEM
+
+
+def _apply(model: SortedDict, m: tuple) -> None:
+    kind = m[0]
+    if kind == "set":
+        model[m[1]] = m[2]
+    elif kind == "clear":
+        for k in list(model.irange(m[1], m[2], inclusive=(True, False))):
+            del model[k]
+    else:
+        _, op, key, param = m
+        v = apply_atomic(op, model.get(key), param)
+        if v is None:
+            model.pop(key, None)
+        else:
+            model[key] = v

@@ -1,0 +1,401 @@
+"""The simulated world: one seeded PRNG, virtual time, a seeded scheduler, the memory engine as the disk.
+
+Everything a simulation run does happens inside one ``trio.run`` on a
+``MockClock(autojump_threshold=0)``, with trio's scheduler made deterministic
+from the seed (two private names: ``trio._core._run._r`` and
+``_ALLOW_DETERMINISTIC_SCHEDULING``; pyproject pins ``trio>=0.25,<0.33`` and
+tests/sim checks that a seed replays byte for byte).  The sources of
+randomness and time the code under test uses are routed to the world for the
+duration of the run (:func:`deterministic_process_state`): ``os.urandom``
+(and so ``uuid.uuid4``), unseeded ``random.Random()``, ``time.time`` and
+``time.monotonic``.  There are no threads and no real I/O.
+
+A *process* is one incarnation of an application (a Runtime) over its own
+:class:`kv.Database` handle on the shared :class:`kv.MemoryEngine`.  A crash
+marks the process dead, cancels everything it runs (and every client call in
+flight against it), and from then on every kv operation from its handle
+raises :class:`Crash`; the supervisor then boots a new incarnation on what
+survived.  Side effects of tools are counted by the world, outside any
+process, so a crash cannot hide one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncContextManager, Awaitable, Callable, Iterator, TypeVar
+
+import trio
+import trio.testing
+from trio._core import _run as _trio_run  # private: the scheduler's PRNG and determinism flag
+
+import kv
+
+from .faults import Buggify, Crash, FaultPlan, SimHooks
+from .oracle import Oracle, RecordingDatabase
+
+log = logging.getLogger(__name__)
+
+__all__ = ["World", "Process", "ProcessDied", "Violation", "SIM_EPOCH", "deterministic_process_state"]
+
+T = TypeVar("T")
+
+# Virtual wall time starts here (2026-01-01T00:00:00Z) so records look like real timestamps.
+SIM_EPOCH = 1_767_225_600.0
+# A restarted process comes back after this much virtual time (a supervisor's restart delay).
+RESTART_DELAY_SECONDS = 0.5
+# Hard stop for one run in virtual time: a run that has not quiesced by then is a liveness failure.
+MAX_VIRTUAL_SECONDS = 6 * 3600.0
+# Crash/restart cycles allowed per run (random mode can chain crashes; bound the work).
+MAX_RESTARTS = 64
+
+assert RESTART_DELAY_SECONDS > 0 and MAX_VIRTUAL_SECONDS > 0 and MAX_RESTARTS > 0
+
+
+class ProcessDied(Exception):
+    """A client's call was cut short because the process it talked to crashed."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken promise: the invariant's name, the promise number it guards, and what was seen."""
+
+    invariant: str
+    promise: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        p = f" (promise {self.promise})" if self.promise else ""
+        return f"{self.invariant}{p}: {self.detail}"
+
+
+@contextmanager
+def deterministic_process_state(world: "World") -> Iterator[None]:
+    """Route process-global randomness and time to ``world`` for the duration of one run.
+
+    Why global patches: the code under test (sessions, ledger, loop) draws
+    ids from ``os.urandom`` / ``uuid.uuid4`` and default ``random.Random()``
+    instances, and some records take ``time.time()``.  The simulation owns the
+    whole (single-threaded) process while it runs, so it swaps these for
+    seeded / virtual versions and restores them afterwards.
+    """
+    saved = (os.urandom, random.Random.seed, time.time, time.monotonic,
+             _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r.getstate())
+    orig_seed = random.Random.seed
+    rng = world.rng
+
+    def urandom(n: int) -> bytes:
+        return rng.randbytes(n)
+
+    def seed(self: random.Random, a: Any = None, version: int = 2) -> None:
+        if a is None:  # an unseeded Random(): give it a seed from the world
+            a = rng.getrandbits(64)
+        orig_seed(self, a, version)
+
+    def wall() -> float:
+        return SIM_EPOCH + world.now()
+
+    def mono() -> float:
+        return world.now()
+
+    os.urandom = urandom
+    random.Random.seed = seed  # type: ignore[method-assign]
+    time.time = wall
+    time.monotonic = mono
+    _trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    _trio_run._r.seed(world.seed)
+    try:
+        yield
+    finally:
+        os.urandom, random.Random.seed, time.time, time.monotonic = saved[:4]  # type: ignore[method-assign]
+        _trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[4]  # type: ignore[misc]
+        _trio_run._r.setstate(saved[5])
+
+
+class Trace:
+    """Every commit and every simulation event, hashed incrementally (the determinism witness)."""
+
+    def __init__(self, keep: int = 0) -> None:
+        self._h = hashlib.blake2b(digest_size=16)
+        self.count = 0
+        self.keep = keep
+        self.tail: list[str] = []
+
+    def add(self, *parts: Any) -> None:
+        line = "|".join(p.hex() if isinstance(p, (bytes, bytearray)) else str(p) for p in parts)
+        self._h.update(line.encode())
+        self._h.update(b"\n")
+        self.count += 1
+        if self.keep:
+            self.tail.append(line)
+            if len(self.tail) > self.keep:
+                del self.tail[0]
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+class Process:
+    """One incarnation of an application process over its own database handle."""
+
+    def __init__(self, world: "World", name: str, incarnation: int) -> None:
+        self.world = world
+        self.name = name
+        self.incarnation = incarnation
+        self.db = RecordingDatabase(world.engine.engine, self)
+        self.dead = False
+        self.app: Any = None
+        self.ready = trio.Event()
+        self.stopped = trio.Event()
+        self._scopes: set[trio.CancelScope] = set()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}#{self.incarnation}"
+
+    def kill(self, why: str) -> None:
+        """The process dies here: everything it runs, and every client call into it, is cancelled."""
+        if self.dead:
+            return
+        self.dead = True
+        self.world.trace.add("crash", self.label, why, f"{self.world.now():.6f}")
+        self.world.stats["crashes"] += 1
+        for s in list(self._scopes):
+            s.cancel()
+        self.ready.set()  # whoever waits for this incarnation to come up must look again
+
+    @contextmanager
+    def attached(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope that dies with this process (for the process's own tasks and client calls)."""
+        with trio.CancelScope() as scope:
+            if self.dead:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+    def check_alive(self) -> None:
+        if self.dead:
+            raise Crash(f"{self.label} is dead")
+
+
+Boot = Callable[[Process], AsyncContextManager[Any]]
+
+
+class World:
+    """One simulation run's universe.  Build, then :meth:`run` a scenario coroutine in it."""
+
+    def __init__(self, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.plan = plan or FaultPlan()
+        self.buggify = Buggify(self.rng, enabled=self.plan.buggify)
+        self.trace = Trace(trace_keep)
+        self.stats: dict[str, int] = {"crashes": 0, "restarts": 0, "commits": 0, "writes": 0}
+        self.faults: dict[str, int] = {}
+        self.violations: list[Violation] = []
+        self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self._in_trio = False
+        self.oracle = Oracle()
+        self.hooks = SimHooks(self)
+        # kv's backoff jitter draws from the world's PRNG too (one PRNG for every choice).
+        self.engine = kv.MemoryEngine(clock=self.now, hooks=self.hooks, rng=self.rng)
+        self.processes: dict[str, Process] = {}
+        self._booted: dict[str, trio.Event] = {}
+        self.stopping = False
+        self.effects: dict[str, int] = {}  # external effects, counted outside every process
+        self.finished_at = 0.0
+
+    @property
+    def faults_on(self) -> bool:
+        """BUGGIFY sites fire only while this is true (off for recovery to quiescence)."""
+        return self.buggify.gate
+
+    @faults_on.setter
+    def faults_on(self, on: bool) -> None:
+        self.buggify.gate = on
+        self.trace.add("faults", on)
+
+    # -- time and randomness --------------------------------------------
+
+    def now(self) -> float:
+        return self.clock.current_time() if self._in_trio else 0.0
+
+    def wall(self) -> float:
+        return SIM_EPOCH + self.now()
+
+    def latency(self) -> float:
+        """Seconds a simulated kv request takes: usually none (just a yield), sometimes a little."""
+        if self.buggify("kv.latency"):
+            return self.rng.random() * 0.05
+        return 0.0 if self.rng.random() < 0.5 else self.rng.random() * 0.002
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    # -- bookkeeping -----------------------------------------------------
+
+    def fault(self, kind: str, *detail: Any) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+        self.trace.add("fault", kind, *detail)
+
+    def violate(self, invariant: str, promise: int | None, detail: str) -> None:
+        v = Violation(invariant, promise, detail)
+        if v not in self.violations:
+            self.violations.append(v)
+            self.trace.add("violation", invariant)
+
+    def effect(self, proc: Process | None, key: str) -> int:
+        """Record one external side effect (a tool's far end); refused if the process is dead."""
+        if proc is not None:
+            proc.check_alive()
+        n = self.effects.get(key, 0) + 1
+        self.effects[key] = n
+        self.trace.add("effect", key, n, proc.label if proc else "-")
+        return n
+
+    # -- processes -------------------------------------------------------
+
+    async def supervise(self, name: str, boot: Boot, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep process ``name`` running: boot it, and after each crash boot it again on what survived."""
+        incarnation = 0
+        started = False
+        while True:
+            incarnation += 1
+            proc = Process(self, name, incarnation)
+            self.processes[name] = proc
+            self._booted.pop(name, trio.Event()).set()
+            self.trace.add("boot", proc.label, f"{self.now():.6f}")
+            try:
+                with proc.attached():
+                    async with boot(proc) as app:
+                        proc.app = app
+                        proc.ready.set()
+                        if not started:
+                            started = True
+                            task_status.started(proc)
+                        await trio.sleep_forever()
+            except BaseException as exc:  # noqa: BLE001 - a crashed process unwinds with anything
+                if not proc.dead:
+                    if self.stopping:
+                        raise  # the world is shutting down
+                    # The application died on its own: that is a finding, and the process restarts.
+                    self.violate("no_unexpected_exception", None, f"{proc.label}: {_describe(exc)}")
+                    proc.kill("unexpected exception")
+            finally:
+                proc.stopped.set()
+            if self.stats["restarts"] >= MAX_RESTARTS:
+                self.violate("bounded_restarts", None, f"more than {MAX_RESTARTS} restarts")
+                if not started:
+                    task_status.started(proc)
+                await trio.sleep_forever()
+            self.stats["restarts"] += 1
+            await trio.sleep(RESTART_DELAY_SECONDS)
+
+    def current(self, name: str) -> Process:
+        return self.processes[name]
+
+    async def call(self, name: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """A client call into process ``name``'s app; :class:`ProcessDied` if it crashes meanwhile."""
+        while True:
+            proc = self.processes[name]
+            if proc.dead:  # wait for the supervisor to boot the next incarnation
+                if self.processes[name] is proc:
+                    await self._booted.setdefault(name, trio.Event()).wait()
+                continue
+            await proc.ready.wait()
+            if proc.dead:
+                continue
+            break
+        result: Any = None
+        finished = False
+        try:
+            with proc.attached():
+                result = await fn(proc.app)
+                finished = True
+        except Crash:
+            pass
+        except BaseExceptionGroup as eg:  # noqa: F821 - py311 builtin
+            if not (proc.dead and _only_crashes(eg)):
+                raise
+        if not finished:
+            raise ProcessDied(proc.label)
+        return result
+
+    # -- running ---------------------------------------------------------
+
+    def run(self, main: Callable[["World"], Awaitable[None]]) -> None:
+        """Run ``main(world)`` to completion in virtual time, deterministically from the seed."""
+
+        async def entry() -> None:
+            self._in_trio = True
+            try:
+                stuck: list[str] = []
+
+                async def watchdog() -> None:
+                    await trio.sleep(MAX_VIRTUAL_SECONDS - 1)
+                    stuck.extend(_stuck_tasks())
+                    self.stopping = True
+
+                with trio.move_on_after(MAX_VIRTUAL_SECONDS) as cs:
+                    async with trio.open_nursery() as n:
+                        n.start_soon(watchdog)
+                        await main(self)
+                        n.cancel_scope.cancel()
+                if cs.cancelled_caught:
+                    self.violate("quiescence", 4, f"the run did not quiesce within {MAX_VIRTUAL_SECONDS / 3600:.0f} "
+                                 f"virtual hours; waiting: {'; '.join(stuck[:8])}")
+                self.finished_at = self.now()
+            finally:
+                self._in_trio = False
+
+        with deterministic_process_state(self):
+            trio.run(entry, clock=self.clock, strict_exception_groups=True)
+        self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
+
+
+def _stuck_tasks() -> list[str]:
+    """Where every task is parked (the innermost frame of interest), for a liveness report."""
+    out: list[str] = []
+
+    def walk(task: Any) -> None:
+        frames = []
+        coro = task.coro
+        while coro is not None:
+            f = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if f is not None:
+                frames.append(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}:{f.f_code.co_name}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        interesting = [x for x in frames if not x.startswith(("_run.py", "_core", "_timeouts.py", "contextlib.py"))]
+        if not task.child_nurseries:
+            out.append(f"{task.name.rsplit('.', 1)[-1]} @ {' > '.join(interesting[-3:])}")
+        for n in task.child_nurseries:
+            for t in n.child_tasks:
+                walk(t)
+
+    walk(trio.lowlevel.current_root_task())
+    return out
+
+
+def _only_crashes(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):  # noqa: F821
+        return all(_only_crashes(e) for e in exc.exceptions)
+    return isinstance(exc, (Crash, trio.Cancelled, ProcessDied))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):  # noqa: F821
+        inner = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        return "; ".join(_describe(e) for e in inner) or "cancelled"
+    import traceback
+
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {tb[-1].filename.rsplit('/', 2)[-2:]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"

@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Runner", "RunStopped", "parse_result", "MAX_EVENT_TEXT"]
 
+# A cancel made by another process reaches a run busy in a long tool or wait within this.
+CANCEL_POLL_SECONDS = 1.0
 # Text carried inside a journal event (tool results, messages); the full value
 # is in the transcript, the event says where (``seq``).
 MAX_EVENT_TEXT = 8_000
@@ -143,7 +145,7 @@ class Runner:
         """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._keep_lease, nursery.cancel_scope)
-            nursery.start_soon(self._watch_cancel)
+            self.rt._active[self.run_id] = self
             try:
                 await self._drive()
             except trio.Cancelled:
@@ -164,6 +166,7 @@ class Runner:
                 log.exception("run %s: unexpected failure; turn aborted (the next attempt resumes it)", self.run_id)
                 await self._abort()
             finally:
+                self.rt._active.pop(self.run_id, None)
                 nursery.cancel_scope.cancel()
         if self._lease_lost:
             log.warning("run %s: lease lost during renewal; stopped", self.run_id)
@@ -177,27 +180,25 @@ class Runner:
                 pass
 
     async def _keep_lease(self, scope: trio.CancelScope) -> None:
-        interval = max(0.05, self.store.lease_seconds / 3)
+        """Renew the lease every third of its length; between renewals, look for a cancel
+        made by another process (one made here notifies the runner directly)."""
+        renew_every = max(0.05, self.store.lease_seconds / 3)
+        poll = min(renew_every, CANCEL_POLL_SECONDS)
+        last_renew = trio.current_time()
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(poll)
             try:
-                await self.store.renew(self.claim)
+                if not self.cancel_event.is_set() and await self.store.cancel_requested_now(self.run_id):
+                    self._note_cancel()
+                if trio.current_time() - last_renew >= renew_every - poll / 2:
+                    await self.store.renew(self.claim)
+                    last_renew = trio.current_time()
             except self.store.LeaseLost:
                 self._lease_lost = True
                 scope.cancel()
                 return
             except kv.KVError as e:  # try again; if it keeps failing the next write fails LeaseLost
                 log.warning("run %s: lease renewal failed: %s", self.run_id, e)
-
-    async def _watch_cancel(self) -> None:
-        while True:
-            try:
-                await self.store.wait_cancel_requested(self.run_id)
-                self._note_cancel()
-                return
-            except kv.KVError as e:
-                log.warning("run %s: cancel watch failed: %s", self.run_id, e)
-                await trio.sleep(1.0)
 
     def _note_cancel(self) -> None:
         if not self.cancel_event.is_set():
@@ -267,8 +268,7 @@ class Runner:
         out = []
         for i, m in enumerate(msgs):
             data: dict[str, Any] = {"run_id": self.run_id, "seq": first_seq + i, "role": m.get("role")}
-            encoded = len(json.dumps(m, default=str))
-            if encoded <= MAX_EVENT_TEXT:
+            if _approx_size(m) <= MAX_EVENT_TEXT:
                 data["message"] = m
             else:
                 data["truncated"] = True
@@ -280,8 +280,7 @@ class Runner:
 
     async def _begin(self) -> None:
         store = self.store
-        raw = await store.db.transact(lambda tr: tr.get(store.loop_keys.state(self.run_id)))  # read-only
-        self.messages = await store.read_transcript(self.owner, self.conv)
+        raw, self.messages = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
         self.head = len(self.messages)
         if raw is None:
             await self._begin_fresh()
@@ -410,12 +409,25 @@ class Runner:
         msg: dict[str, Any] | None = None
         error: ProviderError | None = None
         flush_error: list[BaseException] = []
+        started_at = trio.current_time()
         with trio.CancelScope() as scope:
             self._model_scope = scope
             if self.cancel_event.is_set():
                 scope.cancel()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._flusher, coalescer, scope, flush_error)
+
+                async def on_event(ev: Any) -> None:
+                    # A fast answer is journaled whole by message.added, with no part
+                    # events and no extra commit; a slow one starts the periodic flusher.
+                    coalescer.add(ev)
+                    if coalescer.flushes == 0 and coalescer.pending and (
+                        coalescer.urgent or trio.current_time() - started_at >= FLUSH_INTERVAL
+                    ):
+                        await self._flush(coalescer)
+                        nursery.start_soon(self._flusher, coalescer, scope, flush_error)
+                    elif coalescer.urgent:
+                        await self._flush(coalescer)
+
                 try:
                     msg = await call_model(
                         self.provider,
@@ -424,7 +436,7 @@ class Runner:
                         tools=info.tools,
                         max_tokens=agent.max_tokens,
                         policy=agent.retry,
-                        on_event=coalescer.add,
+                        on_event=on_event,
                         on_retry=self._on_retry,
                         clock=self.rt.clock,
                         retries_done=st.retries,
@@ -467,6 +479,7 @@ class Runner:
     async def _flush(self, coalescer: PartCoalescer) -> None:
         items = coalescer.take()
         if items:
+            coalescer.flushes += 1
             await self._commit(events=items)
 
     async def _on_retry(self, n: RetryNotice) -> None:
@@ -510,7 +523,9 @@ class Runner:
                 s.calls[start_first["id"]] = {"state": CALL_STARTED, "name": start_first["name"]}
 
         def events(first_seq: int) -> list[tuple[str, Any]]:
-            out = list(coalescer.take())
+            # Parts already journaled are completed by the pending rest; if none were,
+            # message.added alone tells the whole answer.
+            out = list(coalescer.pending) if coalescer.flushes else []
             out.extend(self._message_events(first_seq, appended))
             if usage:
                 out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": f"model-{call_no}", "usage": usage}))
@@ -729,6 +744,18 @@ class Runner:
 
 
 # ---------------------------------------------------------------------- transcript helpers
+
+
+def _approx_size(m: dict[str, Any]) -> int:
+    """A cheap upper-ish estimate of a message's encoded size (texts, arguments, results)."""
+    n = 64
+    for p in m.get("content") or ():
+        n += 48 + len(p.get("text") or "") + len(p.get("content") or "")
+        if p.get("arguments"):
+            n += len(json.dumps(p["arguments"], default=str))
+    if "error" in m or "summary" in m:
+        n += len(json.dumps({k: m.get(k) for k in ("error", "summary")}, default=str))
+    return n
 
 
 def _user_message(delivery: Any) -> dict[str, Any]:

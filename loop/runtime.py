@@ -141,6 +141,7 @@ class Runtime:
         # Give in-flight runs back on a clean shutdown (False: behave like a crash,
         # leaving the lease to lapse — tests of takeover use it).
         self.release_on_shutdown = release_on_shutdown
+        self._active: dict[str, Any] = {}  # run id -> its Runner, while this process drives it
         self._agents: dict[str, Agent] = {}
         self._providers: dict[str, Provider] = {}
         self._nursery: trio.Nursery | None = None
@@ -336,6 +337,9 @@ class Runtime:
     async def cancel(self, run_id: str, *, owner: str | None = None) -> RunInfo:
         """Durably request cancellation; a queued or parked run settles cancelled promptly."""
         info = await self.store.cancel(run_id, owner or self.owner)
+        runner = self._active.get(run_id)
+        if runner is not None:  # driven here: tell it now (other processes poll)
+            runner._note_cancel()
         return info
 
     async def approve(

@@ -93,6 +93,23 @@ class Store:
         """Create the conversation's session if missing (idempotent)."""
         await self.transcripts.create_tr(tr, owner, conv)
 
+    async def read_state_and_transcript(self, run_id: str, owner: str, conv: str) -> tuple[bytes | None, list[dict[str, Any]]]:
+        """The run's loop state and the whole transcript, in one read-only transaction when it fits a page."""
+        from sessions.transcript import MAX_READ_PAGE
+
+        async def fn(tr: Any) -> tuple[bytes | None, list[dict[str, Any]] | None]:
+            raw = await tr.get(self.loop_keys.state(run_id))
+            try:
+                page = await self.transcripts.read_tr(tr, owner, conv, 0, MAX_READ_PAGE)
+            except SessionNotFound:
+                return raw, []
+            return raw, ([m.data for m in page.messages] if page.next_seq is None else None)
+
+        raw, msgs = await self.db.transact(fn)
+        if msgs is None:  # longer than a page: read it page by page
+            msgs = await self.read_transcript(owner, conv)
+        return raw, msgs
+
     async def read_transcript(self, owner: str, conv: str, start: int = 0) -> list[dict[str, Any]]:
         try:
             return [m.data for m in await self.transcripts.read_all(owner, conv, start)]
@@ -150,6 +167,9 @@ class Store:
 
     async def cancel_requested(self, tr: Any, run_id: str) -> bool:
         return await self.ledger.is_cancel_requested(tr, run_id)
+
+    async def cancel_requested_now(self, run_id: str) -> bool:
+        return await self.ledger.cancel_requested(run_id)  # read-only
 
     async def wait_cancel_requested(self, run_id: str) -> None:
         await self.ledger.wait_cancel_requested(run_id)

@@ -42,6 +42,7 @@ class PartCoalescer:
         self._last_text_index: int | None = None
         self._last_part: int | None = None
         self.parts = 0
+        self.flushes = 0  # commits of pending items so far (the runner counts them)
 
     def add(self, ev: StreamEvent) -> None:
         if isinstance(ev, TextDelta):

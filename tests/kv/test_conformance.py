@@ -465,6 +465,18 @@ async def test_get_key_conflict_spans_reference_to_result(db):
     assert not await conflicts(db, reads, setter((b"a5", b"")))
 
 
+async def test_get_key_backward_conflict_spans_result_to_reference(db):
+    await write(db, (b"a", b""), (b"c", b""), (b"e", b""))
+
+    async def reads(tr):
+        assert await tr.get_key(KeySelector.last_less_than(b"d")) == b"c"
+
+    assert await conflicts(db, reads, setter((b"c5", b"")))  # would become the answer
+    assert await conflicts(db, reads, clearer(b"c"))
+    assert not await conflicts(db, reads, setter((b"b", b"")))
+    assert not await conflicts(db, reads, setter((b"d", b"")))  # last_less_than: d itself is outside
+
+
 async def test_set_versionstamped_key_conflicts_on_its_final_key(db):
     log = Subspace(("log",))
 
@@ -597,6 +609,19 @@ async def test_versionstamp_in_key_and_value_is_the_transactions_stamp(db):
     assert rows == [(log.pack(("ev", Versionstamp(stamp, 7))), b"payload")]
     assert log.unpack(rows[0][0]) == ("ev", Versionstamp(stamp, 7))
     assert await read(db, b"pointer") == b"pre" + stamp + b"post"
+
+
+async def test_one_stamp_many_user_versions(db):
+    log = Subspace(("log",))
+    tr = db.create_transaction()
+    for user in (3, 1, 2):
+        tr.set_versionstamped_key(log.pack_with_versionstamp((Versionstamp.incomplete(user),)), b"%d" % user)
+    vs = tr.get_versionstamp()
+    await tr.commit()
+    stamp = await vs
+    rows = await dump(db, log.range().start, log.range().stop)
+    assert [log.unpack(k)[0] for k, _ in rows] == [Versionstamp(stamp, u) for u in (1, 2, 3)]
+    assert [v for _, v in rows] == [b"1", b"2", b"3"]
 
 
 async def test_versionstamps_unique_and_increasing_in_commit_order(db):

@@ -1147,6 +1147,39 @@ async def test_many_open_transactions_can_all_read(db):
         tr.cancel()
 
 
+async def test_cancelled_committers_leave_the_pipeline_working(db):
+    # A trio cancellation cannot abandon a commit half-way (it is shielded):
+    # a cancelled committer's transaction is all-or-nothing, and everybody
+    # else's commits still complete.
+    done: set[int] = set()
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def committer(i: int) -> None:
+        tr = db.create_transaction()
+        tr.set(b"c/%02d/a" % i, b"x")
+        tr.set(b"c/%02d/b" % i, b"x")
+        with trio.CancelScope() as scope:
+            scopes[i] = scope
+            await tr.commit()
+            done.add(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(30):
+            nursery.start_soon(committer, i)
+        await trio.sleep(0)
+        for i in range(0, 30, 2):
+            if i in scopes:
+                scopes[i].cancel()
+    present = {}
+    for k, _ in await dump(db, b"c/", b"c0"):
+        present.setdefault(int(k.split(b"/")[1]), []).append(k)
+    assert all(len(v) == 2 for v in present.values())  # all-or-nothing
+    assert done <= set(present)  # every commit that returned is there
+    assert set(range(1, 30, 2)) <= done  # the uncancelled ones all committed
+    await write(db, (b"after", b"1"))
+    assert await read(db, b"after") == b"1"
+
+
 async def test_async_with_closes(backend, tmp_path):
     db = await open_backend(backend, tmp_path / "data")
     async with db:

@@ -76,6 +76,7 @@ _COMMIT_UNKNOWN_RESULT = 1021
 _TRANSACTION_CANCELLED = 1025
 _OPERATION_CANCELLED = 1101
 _CLIENT_INVALID_OPERATION = 2000
+_USED_DURING_COMMIT = 2017
 _KEY_OUTSIDE_LEGAL_RANGE = 2004
 _INVERTED_RANGE = 2005
 _KEY_TOO_LARGE = 2102
@@ -324,6 +325,15 @@ class FDBTransaction:
         self._read = tr if snapshot_of is None else snapshot_of._tr.snapshot
         self._is_snapshot = snapshot_of is not None
         self._snapshot_view: FDBTransaction | None = None
+        # FoundationDB: every use after commit() started (until reset/on_error) is
+        # used_during_commit; libfdb_c reports it for writes only at the next read
+        # or commit, so writes check it here to raise at once like the embedded engine.
+        self._commit_started = False
+
+    def _writable(self) -> None:
+        owner = self if not self._is_snapshot else None
+        if owner is not None and owner._commit_started:
+            raise KVError(_USED_DURING_COMMIT)
 
     # -- reads --
     @property
@@ -372,16 +382,19 @@ class FDBTransaction:
 
     # -- writes --
     def set(self, key: bytes, value: bytes) -> None:
+        self._writable()
         key, value = _check_key(key, for_write=True), _check_value(value)
         with _mapped():
             self._tr.set(key, value)
 
     def clear(self, key: bytes) -> None:
+        self._writable()
         key = _check_key(key, for_write=False)  # an oversize key cannot exist: FoundationDB's own rule applies
         with _mapped():
             self._tr.clear(key)
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._writable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.clear_range(begin, end)
@@ -393,6 +406,7 @@ class FDBTransaction:
         self.set(key, value)
 
     def _atomic(self, name: str, key: bytes, param: bytes) -> None:
+        self._writable()
         key, param = _check_key(key, for_write=True), _check_value(param)
         with _mapped():
             self._tr._atomic_operation(_OPCODES[name], key, param)
@@ -428,6 +442,7 @@ class FDBTransaction:
         self._atomic("compare_and_clear", key, param)
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        self._writable()
         key, value = bytes(key), _check_value(value)
         # libfdb_c reports a malformed stamp template only at the next read or
         # commit (the C call is void); check it here so it raises at once, as on
@@ -440,6 +455,7 @@ class FDBTransaction:
             self._tr._atomic_operation(_OPCODES["set_versionstamped_key"], key, value)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        self._writable()
         key = _check_key(key, for_write=True)
         value = bytes(value)
         if len(value) < 4:
@@ -452,6 +468,7 @@ class FDBTransaction:
 
     # -- conflict ranges --
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._writable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.add_read_conflict_range(begin, end)
@@ -461,6 +478,7 @@ class FDBTransaction:
         self.add_read_conflict_range(key, key + b"\x00")
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._writable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.add_write_conflict_range(begin, end)
@@ -490,8 +508,10 @@ class FDBTransaction:
         If the commit is nevertheless interrupted (the transaction cancelled
         from elsewhere, or the run shutting down), the caller gets 1021.
         """
+        self._writable()
         with _mapped():
             fut = self._tr.commit()
+        self._commit_started = True
         with trio.CancelScope(shield=True):
             try:
                 await _wait_ready(fut)
@@ -512,10 +532,12 @@ class FDBTransaction:
         with _mapped():
             fut = self._tr.on_error(error.code)
         await _result(fut, lambda f: f.wait())
+        self._commit_started = False  # on_error reset the transaction
 
     def reset(self) -> None:
         with _mapped():
             self._tr.reset()
+        self._commit_started = False
 
     def cancel(self) -> None:
         with _mapped():

@@ -935,7 +935,7 @@ async def test_watch_cancel(db):
     w = tr.watch(b"w")
     await tr.commit()
     w.cancel()
-    with pytest.raises(KVError):
+    with raises_code(1101):  # a cancelled future: operation_cancelled
         await _wait_watch(w)
 
 

@@ -39,7 +39,6 @@ Clock
 from __future__ import annotations
 
 import logging
-import os
 import random
 import struct
 import time
@@ -55,7 +54,7 @@ from sessions.codec import canonical_hash, dumps, loads, pack_i64, read_chunks, 
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
 from sessions.owners import OwnerLike, as_tag
 
-from .errors import ConversationBusy, InvalidState, LeaseLost, NotFound, SubmissionConflict
+from .errors import ConversationBusy, LeaseLost, NotFound, SubmissionConflict
 from .keyspace import LedgerKeyspace
 
 log = logging.getLogger(__name__)

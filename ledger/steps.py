@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from sessions.codec import dumps, loads, read_chunks, write_chunks
 
-from .errors import LeaseLost, StepNameReused
+from .errors import StepNameReused
 
 if TYPE_CHECKING:
     from .runs import Lease, Ledger

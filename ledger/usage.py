@@ -58,7 +58,7 @@ class UsageBook:
         if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
             raise ValueError("a step id is a non-empty string")
         figures = _check_usage(usage)
-        await self.ledger._run(tr, run_id)
+        await self.ledger._run(tr, run_id, snapshot=True)  # exists; no conflict with run-record writes
         marker = self.keys.usage_step(run_id, step_id)
         raw = await tr.get(marker)
         if raw is not None:

@@ -37,11 +37,10 @@ Forks
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import kv
 

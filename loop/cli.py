@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import trio
 
+import kv
 from sessions import events as E
 from sessions.errors import NotFound as SessionNotFound
 
@@ -38,7 +39,7 @@ __all__ = ["add_commands", "cmd_run", "cmd_inspect", "demo_tools", "render_event
 DEFAULT_DATA_DIR = "./surefoot-data"
 DEFAULT_CONVERSATION = "main"
 UNSETTLED = ("queued", "running", "parked")
-EXIT_FAILED, EXIT_PARKED, EXIT_INTERRUPTED = 1, 3, 130
+EXIT_FAILED, EXIT_LOCKED, EXIT_PARKED, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def demo_tools() -> list[Any]:
@@ -128,6 +129,7 @@ class _Renderer:
         self.out = out
         self.as_json = as_json
         self.mid_line = False
+        self.streamed: set[Any] = set()  # runs whose current answer arrived as part events
 
     def _line(self, text: str) -> None:
         if self.mid_line:
@@ -140,6 +142,17 @@ class _Renderer:
             self.out.write(json.dumps(ev.as_dict(), default=str) + "\n")
             self.out.flush()
             return
+        d = ev.data or {}
+        rid = d.get("run_id")
+        if ev.type in (E.PART_ADDED, E.PART_UPDATED) and d.get("text"):
+            self.streamed.add(rid)
+        elif ev.type == E.MESSAGE_ADDED and d.get("role") == "assistant":
+            # a fast answer arrives whole, without part events: print its text now
+            if rid not in self.streamed:
+                text = M.text_of(d.get("message") or {}) or d.get("text", "")
+                if text:
+                    self._line(text)
+            self.streamed.discard(rid)
         r = render_event(ev)
         if r is None:
             return
@@ -210,9 +223,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``surefoot run``: exit 0 completed, 1 failed/cancelled, 3 parked, 130 interrupted."""
     try:
         return trio.run(_run_main, args)
-    except KeyboardInterrupt:
+    except BaseException as e:  # KeyboardInterrupt, possibly inside trio's exception groups
+        locked = _locked(e)
+        if locked is not None:
+            sys.stderr.write(f"surefoot run: {locked}\n")
+            return EXIT_LOCKED
+        if not _is_interrupt(e):
+            raise
         sys.stderr.write("\ninterrupted — run `surefoot run` again to resume\n")
         return EXIT_INTERRUPTED
+
+
+def _locked(e: BaseException) -> BaseException | None:
+    """The data-directory-locked error inside ``e`` (another process owns the directory)."""
+    if isinstance(e, kv.DataDirectoryLocked):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for x in e.exceptions:
+            found = _locked(x)
+            if found is not None:
+                return found
+    return None
+
+
+def _is_interrupt(e: BaseException) -> bool:
+    if isinstance(e, KeyboardInterrupt):
+        return True
+    if isinstance(e, BaseExceptionGroup):
+        return all(_is_interrupt(x) for x in e.exceptions)
+    return False
 
 
 async def _ask(question: str) -> bool:
@@ -301,7 +340,14 @@ async def _run_main(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    return trio.run(_inspect_main, args)
+    try:
+        return trio.run(_inspect_main, args)
+    except BaseException as e:
+        locked = _locked(e)
+        if locked is None:
+            raise
+        sys.stderr.write(f"surefoot inspect: {locked}\n")
+        return EXIT_LOCKED
 
 
 def _short_message(m: dict[str, Any]) -> str:

@@ -479,3 +479,51 @@ async def test_retry_exhausted_after_repeated_crashes(tmp_path):
         msgs = await rt.transcript("c23")
         # the first attempt's started call was finalised as interrupted by the second
         assert any(m["role"] == "tool" and m["content"][0].get("reason") == "interrupted" for m in msgs)
+
+
+async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
+    """Two runtimes on one engine (two processes): A stalls past its lease, B takes the run
+    over; A's next write fails (LeaseLost) and A stops; the tool A started is reported as
+    interrupted by B, never run twice, and the transcript has no interleaving."""
+    import kv
+
+    engine = kv.MemoryEngine()
+    effects = []
+    release_a = trio.Event()
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Slow effect."""
+        effects.append(ctx.call_id)
+        if len(effects) == 1:
+            await release_a.wait()  # worker A stalls here, holding the tool
+        return "slow done"
+
+    model_calls = []
+
+    def script(messages, tools):
+        model_calls.append(messages[-1]["role"])
+        return "final" if messages[-1]["role"] == "tool" else reply("", tool_call("slow"))
+
+    agent = Agent("f", model=ScriptedModel(script), tools=[slow])
+    async with Runtime.open(db=engine.database(), lease_seconds=0.3) as rt_a:
+        async def no_renew(claim):  # A stops renewing (a long GC pause, a partition...)
+            return None
+
+        rt_a.store.renew = no_renew
+        ack = await rt_a.submit(agent, "fence", "go")
+        while not effects:
+            await trio.sleep(0.01)
+        async with Runtime.open(db=engine.database(), lease_seconds=0.3, agents=[agent]) as rt_b:
+            out = await rt_b.wait(ack)
+            assert out.ok and out.result == "final"
+            release_a.set()  # A wakes up and tries to persist its result
+            await trio.sleep(0.2)
+            msgs = await rt_b.transcript("fence")
+            assert roles(msgs) == ["user", "assistant", "tool", "assistant"]
+            (res,) = [m["content"][0] for m in msgs if m["role"] == "tool"]
+            assert res["reason"] == "interrupted"  # B never re-ran A's tool
+            assert effects == [res["call_id"]]
+            info = await rt_b.get_run(ack.run_id)
+            assert info.status == "completed" and info.attempt == 2
+            assert roles(await rt_b.transcript("fence")) == roles(msgs)  # A wrote nothing after

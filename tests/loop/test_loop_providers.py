@@ -341,3 +341,44 @@ async def test_custom_client_and_extra_headers(fake_server):
     assert "authorization" not in req.headers  # no key: local servers need none
     assert req.headers["x-trace"] == "1"
     assert M.text_of(msg) == "ok"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_runtime_over_the_wire_retries_then_completes(fake_server, dialect, autojump_clock):
+    """The whole loop against the fake provider: 529 then 429 (retry-after 3) are journaled as
+    run.retry-pending and never reach the transcript; the tool call and final answer stream
+    over the real wire format."""
+    from loop import Agent, Runtime, tool
+
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        return f"{city}: sunny"
+
+    fake_server.enqueue(
+        overloaded(),
+        rate_limited("3"),
+        FakeReply("Checking.", tool_calls=[("call_w1", "lookup", {"city": "Oslo"})]),
+        FakeReply("It is sunny in Oslo."),
+    )
+    agent = Agent("w", "Be brief.", make(dialect, fake_server), tools=[lookup], retry=RetryPolicy(jitter=0))
+    async with Runtime.open("memory:") as rt:
+        t0 = trio.current_time()
+        out = await rt.run(agent, "wire", "weather in Oslo?")
+        assert out.ok and out.result == "It is sunny in Oslo."
+        assert trio.current_time() - t0 >= 5.0  # 2 s backoff, then max(4 s, retry-after 3 s)... at least 2 + 3
+        page = await rt.read_events("wire", limit=1000)
+        retries = [e.data for e in page.events if e.type == "run.retry-pending"]
+        assert [(r["attempt"], r["error"]["status"]) for r in retries] == [(2, 529), (3, 429)]
+        assert [r["delay"] for r in retries] == [2.0, 4.0]
+        msgs = await rt.transcript("wire")
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+        assert msgs[2]["content"][0]["content"] == "Oslo: sunny"
+        assert msgs[1]["usage"] == {"input_tokens": 11, "output_tokens": 7}
+    assert len(fake_server.requests) == 4
+    last = fake_server.requests[-1].body
+    # the tool result went back to the model in the dialect's own shape
+    if dialect == "anthropic":
+        assert last["messages"][-1]["content"][0] == {"type": "tool_result", "tool_use_id": "call_w1", "content": "Oslo: sunny"}
+    else:
+        assert last["messages"][-1] == {"role": "tool", "tool_call_id": "call_w1", "content": "Oslo: sunny"}

@@ -41,6 +41,7 @@ import trio
 
 from .atomic import apply_atomic
 from .engine import Engine, FaultHooks, Mutation
+from .errors import KVError
 
 __all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
 
@@ -48,26 +49,47 @@ _PREFIX = b"k"     # every data key is stored as _PREFIX + key (LMDB has no empt
 _SHORT = 509       # longest key stored as itself
 _BUCKET = 510      # length of a bucket's key prefix (the long keys inside it share it)
 MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
-MAX_READERS = 4_096  # concurrent open transactions (each holds a read slot)
+MAX_READERS = 16_384  # distinct open read versions (transactions between two commits share one)
 
 
 class DataDirectoryLocked(RuntimeError):
     """Another process (or handle) already owns this data directory."""
 
 
-class _LmdbSnapshot:
-    __slots__ = ("_txn", "_data", "version")
+class _ReadTxn:
+    """One LMDB read transaction, shared by every snapshot taken at its version."""
+
+    __slots__ = ("txn", "version", "refs")
 
     def __init__(self, env: lmdb.Environment, data, meta) -> None:
-        self._txn = env.begin(db=data, buffers=False)
-        self._data = data
-        raw = self._txn.get(b"version", db=meta)
+        self.txn = env.begin(db=data, buffers=False)
+        raw = self.txn.get(b"version", db=meta)
         self.version = int.from_bytes(raw, "big") if raw else 0
+        self.refs = 0
+
+
+class _LmdbSnapshot:
+    """A transaction's view: a reference to a shared LMDB read transaction.
+
+    Why shared: every transaction that starts between two commits sees the
+    same data, so they can share one LMDB reader. That keeps the reader
+    table small (thousands of open transactions cost a handful of slots)
+    and makes starting a transaction nearly free.
+    """
+
+    __slots__ = ("_store", "_read", "version")
+
+    def __init__(self, store: "LmdbStore", read: _ReadTxn) -> None:
+        self._store = store
+        self._read = read
+        read.refs += 1
+        self.version = read.version
 
     def get(self, key: bytes) -> bytes | None:
+        txn = self._read.txn
         if len(key) <= _SHORT:
-            return self._txn.get(_PREFIX + key)
-        raw = self._txn.get(_PREFIX + key[:_BUCKET])
+            return txn.get(_PREFIX + key)
+        raw = txn.get(_PREFIX + key[:_BUCKET])
         if raw is None:
             return None
         for k, v in cbor2.loads(raw):
@@ -79,16 +101,16 @@ class _LmdbSnapshot:
         out: list[tuple[bytes, bytes]] = []
         if begin >= end:
             return out
-        for kv in _iter(self._txn.cursor(), begin, end, reverse):
+        for kv in _iter(self._read.txn.cursor(), begin, end, reverse):
             out.append(kv)
             if limit and len(out) >= limit:
                 break
         return out
 
     def close(self) -> None:
-        txn, self._txn = self._txn, None
-        if txn is not None:
-            txn.abort()
+        read, self._read = self._read, None
+        if read is not None:
+            self._store._release(read)
 
 
 def _expand(key: bytes, value: bytes, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
@@ -207,6 +229,7 @@ class LmdbStore:
             raw = txn.get(b"version")
         self._version = int.from_bytes(raw, "big") if raw else 0
         self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
+        self._shared: _ReadTxn | None = None
         self._writer = _WriterThread(f"surefoot-lmdb-writer:{self.path.name}")
         self._closed = False
 
@@ -214,7 +237,21 @@ class LmdbStore:
         return self._version
 
     def snapshot(self) -> _LmdbSnapshot:
-        return _LmdbSnapshot(self.env, self._data, self._meta)
+        read = self._shared
+        if read is None or read.version != self._version:
+            try:
+                read = _ReadTxn(self.env, self._data, self._meta)
+            except lmdb.ReadersFullError:
+                raise KVError(1037, f"more than {MAX_READERS} distinct read versions are open") from None
+            old, self._shared = self._shared, read
+            if old is not None and old.refs == 0:
+                old.txn.abort()
+        return _LmdbSnapshot(self, read)
+
+    def _release(self, read: _ReadTxn) -> None:
+        read.refs -= 1
+        if read.refs == 0 and read is not self._shared:
+            read.txn.abort()
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
         nbytes = await self._writer.call(self.apply_sync, version, mutations)
@@ -253,6 +290,9 @@ class LmdbStore:
             return
         self._closed = True
         self._writer.stop()
+        if self._shared is not None:
+            self._shared.txn.abort()
+            self._shared = None
         self.env.close()
         try:
             (self.path / "HOLDER").unlink(missing_ok=True)

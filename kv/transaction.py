@@ -261,7 +261,11 @@ class Transaction:
         self._started = time.monotonic()
         self._backoff = INITIAL_BACKOFF
         self._retries = 0
+        # reset() drops even the options that survive on_error (ReadYourWrites.cpp reset())
         self._size_limit = TRANSACTION_SIZE_LIMIT
+        self._timeout = None
+        self._retry_limit = -1
+        self._max_retry_delay = DEFAULT_MAX_RETRY_DELAY
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -391,12 +395,24 @@ class Transaction:
         return rows
 
     def _add_read_range(self, begin: bytes, end: bytes) -> None:
-        """Record [begin, end) minus the parts this transaction cleared (answered from its writes)."""
-        if not self._clears:
+        """Record [begin, end) minus what this transaction's own writes answer.
+
+        As ReadYourWrites.cpp's updateConflictMap: keys this transaction set
+        or cleared (and ranges it cleared) were never read from the database,
+        so they add no read conflict; keys with pending atomic operations were
+        (their base value is read), so they keep theirs.
+        """
+        if not self._clears and not self._writes:
             self._read_ranges.append((begin, end))
             return
+        known: list[tuple[bytes, bytes]] = [c for c in self._clears if c[0] < end and begin < c[1]]
+        if self._writes:
+            writes = self._writes
+            known.extend((k, key_after(k)) for k in self._write_keys_in(begin, end, False)
+                         if writes[k][0] != _ATOMIC)
+            known.sort()
         cur = begin
-        for cb, ce in self._clears:
+        for cb, ce in known:
             if ce <= cur:
                 continue
             if cb >= end:

@@ -149,6 +149,7 @@ class Process:
         self.incarnation = incarnation
         self.db = RecordingDatabase(world.engine.engine, self)
         self.dead = False
+        self.clogged_until = 0.0  # kv requests wait until then (a partition: the stale-worker fault)
         self.app: Any = None
         self.ready = trio.Event()
         self.stopped = trio.Event()

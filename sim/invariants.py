@@ -1,0 +1,219 @@
+"""The named invariants, each tied to a promise of ../shared/DESIGN.md, checked after every run.
+
+They read what survived through the public Runtime API (transcripts, runs,
+the journal) on a fault-free handle, and compare it with what the world saw
+from outside: acknowledgements the clients received, cancels they were told
+were recorded, effects the tools had on the far end, events the journal
+followers saw live.
+
+=============================  =======  ===============================================
+invariant                      promise  what must hold
+=============================  =======  ===============================================
+every_ack_settles              1, 4     every acknowledged submission's run settled
+submission_idempotent          1        one id -> one run, however often it was retried
+submission_conflict            1        same id + different request -> refused
+no_phantom_runs                1        runs in a conversation == distinct submissions
+attempts_bounded               4        attempt <= max; exhaustion settles retry_exhausted
+transcript_tool_results        2, 3     exactly one result per tool call, after the call
+no_duplicate_turn              2        a turn's user message appears once
+tool_at_most_once              3        an effect whose call was recorded ran <= 1 time
+tool_result_matches_effect     3        a successful result implies exactly one effect
+no_stale_lease_writes          5        no event of an older attempt after a newer start
+one_active_per_conversation    6        runs of a conversation never overlap
+fifo_per_conversation          6        runs start in the order they were queued
+cancel_is_durable              7        an acknowledged cancel ends the run cancelled
+journal_ordered                9        positions strictly increasing, no duplicates
+journal_replay_equals_live     9        what followers saw live == the replay
+usage_once_per_step            10       one usage record per (run, step)
+fork_is_prefix                 2        a fork holds exactly the parent's first N messages
+kv_serializable                (kv)     the oracle replays the history (sim.oracle)
+no_unexpected_exception        -        the runtime never died of its own accord
+quiescence                     4        recovery settles everything in bounded time
+=============================  =======  ===============================================
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from loop import Runtime
+from loop import messages as M
+
+if TYPE_CHECKING:
+    from .harness import Checker
+    from .scenarios import RuntimeScenario
+
+__all__ = ["check_runtime", "INVARIANTS"]
+
+INVARIANTS: dict[str, int | None] = {
+    "every_ack_settles": 1, "submission_idempotent": 1, "submission_conflict": 1, "no_phantom_runs": 1,
+    "attempts_bounded": 4, "transcript_tool_results": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
+    "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
+    "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
+    "journal_replay_equals_live": 9, "usage_once_per_step": 10, "fork_is_prefix": 2,
+    "kv_serializable": None, "no_unexpected_exception": None, "quiescence": 4,
+}
+
+_EFFECT_KEY = re.compile(r"ok \[([^\]]+)\]")
+SETTLED_EVENTS = {"run.completed", "run.failed", "run.cancelled"}
+
+
+async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
+    from .scenarios import SIM_MAX_ATTEMPTS, SimClock
+
+    world = sc.world
+    expect = checker.expect
+    async with Runtime.open(db=checker.db, workers=0, clock=SimClock(world)) as rt:
+        # ---- promise 1: submissions
+        for sub, runs in sorted(sc.acks.items()):
+            expect(len(runs) == 1, "submission_idempotent", 1, f"submission {sub} was acknowledged as runs {sorted(runs)}")
+        for sub, n in sorted(sc.conflict_accepted.items()):
+            expect(False, "submission_conflict", 1, f"submission {sub} with a different request was {n}")
+        runs_by_conv: dict[str, list[Any]] = {}
+        for conv in sc.conversations:
+            runs_by_conv[conv] = await rt.runs(conv)
+            subs = {t.submission_id for t in sc.turns if t.conversation == conv and t.submission_id in sc.acks}
+            expect(len(runs_by_conv[conv]) == len(subs), "no_phantom_runs", 1,
+                   f"{conv}: {len(runs_by_conv[conv])} runs for {len(subs)} submissions")
+        infos = {i.run_id: i for runs in runs_by_conv.values() for i in runs}
+        for sub, run_id in sorted(sc.run_of.items()):
+            info = infos.get(run_id) or await rt.get_run(run_id)
+            expect(info.status in ("completed", "failed", "cancelled"), "every_ack_settles", 1,
+                   f"run {run_id} of submission {sub} ended {info.status}")
+            expect(info.attempt <= SIM_MAX_ATTEMPTS, "attempts_bounded", 4, f"run {run_id} reached attempt {info.attempt}")
+            err = (info.outcome or {}).get("error") or {}
+            if err.get("type") == "retry_exhausted":
+                expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
+            # ---- promise 7
+            before = sc.cancel_acked.get(run_id)
+            if before is not None and before not in ("completed", "failed", "cancelled"):
+                expect(info.status == "cancelled", "cancel_is_durable", 7,
+                       f"run {run_id} was {before} when its cancel was acknowledged, but ended {info.status}")
+
+        # ---- promise 3: effects counted outside the process
+        for key, n in sorted(world.effects.items()):
+            expect(n <= 1, "tool_at_most_once", 3, f"tool call {key} executed {n} times")
+
+        for conv in sc.conversations:
+            msgs = await rt.transcript(conv)
+            events = await _all_events(rt, conv)
+            _check_transcript(checker, conv, msgs, world.effects)
+            _check_journal(checker, conv, events, sc.followed.get(conv))
+            _check_runs_in_journal(checker, conv, events)
+
+        # ---- fork
+        for parent, fork, at in sc.forks:
+            p, f = await rt.transcript(parent), await rt.transcript(fork)
+            expect(_strip(f[:at]) == _strip(p[:at]), "fork_is_prefix", 2, f"fork {fork} does not start with {parent}[:{at}]")
+
+
+async def _all_events(rt: Runtime, conv: str) -> list[Any]:
+    out: list[Any] = []
+    after = None
+    while True:
+        page = await rt.read_events(conv, after, limit=10_000)
+        out.extend(page.events)
+        if len(page.events) < 10_000:
+            return out
+        after = page.events[-1].cursor
+
+
+def _strip(msgs: list[dict[str, Any]]) -> list[Any]:
+    return [(m.get("role"), M.text_of(m) if m.get("role") in ("user", "assistant") else None) for m in msgs]
+
+
+def _check_transcript(checker: "Checker", conv: str, msgs: list[dict[str, Any]], effects: dict[str, int]) -> None:
+    expect = checker.expect
+    calls: dict[str, int] = {}
+    results: dict[str, int] = {}
+    users: dict[str, int] = {}
+    for i, m in enumerate(msgs):
+        role = m.get("role")
+        if role == "user":
+            t = M.text_of(m)
+            users[t] = users.get(t, 0) + 1
+        for p in m.get("content", ()) if isinstance(m.get("content"), list) else ():
+            if p.get("type") == "tool_call":
+                expect(p["id"] not in calls, "transcript_tool_results", 2, f"{conv}: tool call id {p['id']} used twice")
+                calls[p["id"]] = i
+            elif p.get("type") == "tool_result":
+                cid = p.get("call_id")
+                results[cid] = results.get(cid, 0) + 1
+                expect(cid in calls and calls[cid] < i, "transcript_tool_results", 2,
+                       f"{conv}: result for {cid} at message {i} without an earlier call")
+                if not p.get("is_error") and not p.get("reason"):
+                    mk = _EFFECT_KEY.search(str(p.get("content", "")))
+                    if mk:
+                        n = effects.get(mk.group(1), 0)
+                        expect(n == 1, "tool_result_matches_effect", 3,
+                               f"{conv}: call {cid} reported success but its effect ran {n} times")
+    for cid in calls:
+        n = results.get(cid, 0)
+        expect(n == 1, "transcript_tool_results", 3, f"{conv}: tool call {cid} has {n} results")
+    for t, n in users.items():
+        expect(n == 1, "no_duplicate_turn", 2, f"{conv}: user message {t!r} appears {n} times")
+
+
+def _check_journal(checker: "Checker", conv: str, events: list[Any], live: list[tuple[str, str]] | None) -> None:
+    expect = checker.expect
+    cursors = [e.cursor for e in events]
+    expect(all(a < b for a, b in zip(cursors, cursors[1:])), "journal_ordered", 9,
+           f"{conv}: journal positions are not strictly increasing")
+    if live is not None:
+        replay = [(e.cursor, e.type) for e in events]
+        expect(live == replay[: len(live)], "journal_replay_equals_live", 9,
+               f"{conv}: a follower saw {len(live)} events live that differ from the replay "
+               f"(first difference at {_first_diff(live, replay)})")
+    steps: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.type == "usage.updated":
+            d = e.data or {}
+            k = (d.get("run_id"), d.get("step"))
+            steps[k] = steps.get(k, 0) + 1
+    for (run_id, step), n in sorted(steps.items(), key=str):
+        expect(n == 1, "usage_once_per_step", 10, f"{conv}: usage of {run_id} step {step} recorded {n} times")
+
+
+def _first_diff(a: list[Any], b: list[Any]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _check_runs_in_journal(checker: "Checker", conv: str, events: list[Any]) -> None:
+    """Promises 5 and 6 as the journal shows them: attempts, overlap, FIFO."""
+    expect = checker.expect
+    queued: list[str] = []
+    first_start: list[str] = []
+    attempt: dict[str, int] = {}
+    active: str | None = None
+    settled: set[str] = set()
+    for e in events:
+        d = e.data or {}
+        rid = d.get("run_id")
+        if e.type == "run.queued":
+            queued.append(rid)
+        elif e.type == "run.started":
+            a = d.get("attempt", 0)
+            # (a run resumed after parking for approval starts again in the same attempt)
+            expect(a >= attempt.get(rid, 0), "no_stale_lease_writes", 5,
+                   f"{conv}: run {rid} started attempt {a} after attempt {attempt.get(rid, 0)}")
+            attempt[rid] = max(a, attempt.get(rid, 0))
+            if rid not in first_start:
+                first_start.append(rid)
+            expect(active in (None, rid), "one_active_per_conversation", 6,
+                   f"{conv}: run {rid} started while {active} was active")
+            active = rid
+        elif e.type in SETTLED_EVENTS:
+            settled.add(rid)
+            if active == rid:
+                active = None
+        elif rid is not None and "attempt" in d and e.type != "run.retry-pending":
+            expect(d["attempt"] >= attempt.get(rid, 0), "no_stale_lease_writes", 5,
+                   f"{conv}: {e.type} of run {rid} from attempt {d['attempt']} after attempt {attempt.get(rid)} started")
+        if rid is not None and rid in settled and e.type not in SETTLED_EVENTS:
+            expect(False, "no_stale_lease_writes", 5, f"{conv}: {e.type} of run {rid} after it settled")
+    order = [r for r in queued if r in first_start]
+    expect(order == first_start, "fifo_per_conversation", 6, f"{conv}: runs started in order {first_start}, queued {queued}")

@@ -1,0 +1,445 @@
+"""The built-in scenarios: the real embedded Runtime (loop -> ledger, sessions -> kv) in the world.
+
+Each process of a scenario is a :class:`loop.Runtime` opened on its own
+database handle over the shared memory engine, with a scripted model and
+scripted async tools whose external effects are counted by the world
+(outside every process).  Simulated clients submit under idempotency keys
+and resubmit with the same key after a lost acknowledgement, follow
+journals from cursors (resuming after a crash), cancel, approve and fork.
+After the clients are done, faults stop, recovery runs to quiescence (every
+acknowledged run settled), and :mod:`sim.invariants` checks the promises.
+
+The model script is keyed on the conversation's content (the turn's user
+text says what to do: ``tool``, ``multi``, ``retry``...), never on a call
+counter inside a process, so a restarted process replays the same script.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import trio
+
+from loop import Agent, Clock, RetryPolicy, Runtime, ScriptedModel, ToolContext, tool
+from loop import messages as M
+from loop.providers import broken, overflow, permanent, reply, tool_call, transient
+
+from .harness import Checker, Scenario
+from .world import Process, ProcessDied, World
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RuntimeScenario", "SCENARIOS", "Turn"]
+
+# Lease length in the simulation (virtual seconds): short, so a crashed worker's run is re-claimed soon.
+SIM_LEASE_SECONDS = 1.0
+SIM_MAX_ATTEMPTS = 10
+# Clients poll run state this often while waiting for quiescence (virtual seconds).
+QUIESCE_POLL_SECONDS = 1.0
+# How long the stale-worker fault cuts a process off from the store (well past a lease).
+CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
+SETTLED = ("completed", "failed", "cancelled")
+
+assert CLOG_SECONDS > SIM_LEASE_SECONDS
+
+
+class SimClock(Clock):
+    """The runtime's wall clock on the world's virtual time."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
+
+    def now(self) -> float:
+        return self.world.wall()
+
+
+@dataclass
+class Turn:
+    """One client submission: a conversation, what the model should do, and follow-up actions."""
+
+    conversation: str
+    mode: str
+    submission_id: str
+    delay: float = 0.0  # client think time before submitting (virtual seconds)
+    cancel_after: float | None = None
+    approve: bool | None = None  # approve (True) / deny (False) once parked
+    resubmit: bool = False  # submit the same id again after the ack (a duplicate)
+    conflict: bool = False  # then submit the same id with a different request
+
+    @property
+    def text(self) -> str:
+        return f"{self.mode} {self.submission_id}"
+
+
+@dataclass
+class App:
+    """What a client talks to: one process's runtime and its agents."""
+
+    rt: Runtime
+    agents: dict[str, Agent]
+    proc: Process
+
+
+class RuntimeScenario(Scenario):
+    """A scenario over real Runtimes; subclasses list their turns (and maybe processes and faults)."""
+
+    name = "runtime"
+    processes: tuple[str, ...] = ("p1",)
+    follow = True  # a journal follower per conversation (replay == live, no gap)
+    clog: bool = False  # cut the worker driving a slow tool off from the store (stale worker)
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world)
+        self.turns = self.make_turns()
+        self.acks: dict[str, set[str]] = {}  # submission id -> run ids it was acknowledged with
+        self.run_of: dict[str, str] = {}  # submission id -> run id
+        self.cancel_acked: dict[str, str] = {}  # run id -> run status when a cancel was acknowledged
+        self.conflicts: dict[str, int] = {}  # submission id -> conflicting submits refused
+        self.conflict_accepted: dict[str, str] = {}
+        self.followed: dict[str, list[tuple[str, str]]] = {}  # conversation -> (cursor, type) seen live
+        self.forks: list[tuple[str, str, int]] = []
+        self.model_calls: dict[Any, int] = {}
+        self.tools_called: dict[str, int] = {}
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "plain", "s1")]
+
+    @property
+    def conversations(self) -> list[str]:
+        convs = sorted({t.conversation for t in self.turns})
+        return convs + [f for _, f, _ in self.forks if f not in convs]
+
+    # ------------------------------------------------------------------ the process
+
+    def model_script(self) -> Callable[[list, list], Any]:
+        world, calls = self.world, self.model_calls
+
+        def script(messages: list, tools: list) -> Any:
+            if messages and "Summarise this conversation" in M.text_of(messages[-1]):
+                return "summary of the earlier turns"
+            i = max((j for j, m in enumerate(messages) if m.get("role") == "user"), default=0)
+            text = M.text_of(messages[i]) if messages else ""
+            mode = text.split(" ", 1)[0]
+            after = messages[i + 1 :]
+            results = sum(1 for m in after if m.get("role") == "tool"
+                          for p in m.get("content", ()) if p.get("type") == "tool_result")
+            key = (text, len(messages))
+            calls[key] = calls.get(key, 0) + 1
+            b = world.buggify
+            if b("provider.transient"):
+                world.fault("provider.transient")
+                return transient("overloaded", retry_after=world.rng.choice([None, 0.5, 3.0]))
+            if b("provider.overflow", 0.1):
+                world.fault("provider.overflow")
+                return overflow()
+            if b("provider.permanent", 0.05):
+                world.fault("provider.permanent")
+                return permanent("invalid request")
+            if b("provider.broken", 0.1):
+                world.fault("provider.broken")
+                return broken("a partial answer that breaks", after=1)
+            if mode == "retry" and calls[key] <= 2:
+                return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
+            if mode in ("tool", "approve", "cancel", "stale"):
+                name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "slow"}[mode]
+                return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
+            if mode == "multi":
+                if results == 0:
+                    return reply("two tools", tool_call("effect", {"n": 1}), tool_call("effect", {"n": 2}))
+                if results == 2:
+                    return reply("one more", tool_call("effect", {"n": 3}))
+                return "multi done"
+            if mode == "compact":
+                return "a long answer " + "x" * 300
+            return f"answer to {text}"
+
+        return script
+
+    def make_agents(self, proc: Process) -> dict[str, Agent]:
+        world = self.world
+        scenario = self
+
+        async def do_effect(ctx: ToolContext, what: str) -> str:
+            key = f"{ctx.run_id}/{ctx.call_id}"
+            scenario.tools_called[key] = scenario.tools_called.get(key, 0) + 1
+            await trio.sleep(world.rng.random() * 0.01)
+            if world.buggify("tool.exception.before"):
+                world.fault("tool.exception")
+                raise RuntimeError("tool failed before its effect")
+            world.effect(proc, key)
+            await trio.sleep(world.rng.random() * 0.01)
+            if world.buggify("tool.exception.after"):
+                world.fault("tool.exception")
+                raise RuntimeError("tool failed after its effect")
+            return f"{what} ok [{key}]"
+
+        @tool
+        async def effect(n: int, ctx: ToolContext) -> str:
+            """An external side effect (counted by the world)."""
+            return await do_effect(ctx, f"effect {n}")
+
+        @tool(requires_approval=True)
+        async def guarded(n: int, ctx: ToolContext) -> str:
+            """An effect that needs a human's approval."""
+            return await do_effect(ctx, f"guarded {n}")
+
+        @tool
+        async def slow(n: int, ctx: ToolContext) -> str:
+            """A long tool that stops early when the run is cancelled."""
+            out = await do_effect(ctx, f"slow {n}")
+            for _ in range(20):
+                if ctx.cancelled:
+                    return "stopped early " + out
+                await trio.sleep(0.1)
+            return out
+
+        tools = [effect, guarded, slow]
+        script = self.model_script()
+        return {
+            "sim": Agent("sim", "You are simulated.", ScriptedModel(script), tools=tools, retry=RetryPolicy()),
+            "sim-compact": Agent("sim-compact", "You are simulated.", ScriptedModel(script), tools=tools,
+                                 retry=RetryPolicy(), compact_at_tokens=150, keep_recent=2),
+        }
+
+    def agent_name(self, turn: Turn) -> str:
+        return "sim-compact" if turn.mode == "compact" else "sim"
+
+    @asynccontextmanager
+    async def boot(self, proc: Process) -> AsyncIterator[App]:
+        agents = self.make_agents(proc)
+        async with Runtime.open(
+            db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
+            max_attempts=SIM_MAX_ATTEMPTS, agents=list(agents.values()),
+        ) as rt:
+            yield App(rt, agents, proc)
+
+    # ------------------------------------------------------------------ clients
+
+    async def call(self, fn: Callable[[App], Any], proc: str | None = None) -> Any:
+        """A client call, retried on a process that died under it (the caller's code must be idempotent)."""
+        while True:
+            name = proc or self.world.rng.choice(self.processes)
+            try:
+                return await self.world.call(name, fn)
+            except ProcessDied:
+                self.world.trace.add("client.retry")
+
+    async def submit(self, turn: Turn, text: str | None = None) -> Any:
+        text = text or turn.text
+
+        async def go(app: App) -> Any:
+            return await app.rt.submit(app.agents[self.agent_name(turn)], turn.conversation, text,
+                                       submission_id=turn.submission_id)
+
+        ack = await self.call(go)
+        self.acks.setdefault(turn.submission_id, set()).add(ack.run_id)
+        self.run_of[turn.submission_id] = ack.run_id
+        self.world.trace.add("ack", turn.submission_id, ack.run_id, ack.duplicate)
+        return ack
+
+    async def run_turn(self, turn: Turn) -> None:
+        world = self.world
+        if turn.delay:
+            await trio.sleep(turn.delay)
+        ack = await self.submit(turn)
+        if turn.resubmit:
+            await self.submit(turn)
+        if turn.conflict:
+            try:
+                await self.submit(turn, text=turn.text + " (changed)")
+                self.conflict_accepted[turn.submission_id] = "accepted"
+            except Exception as e:  # noqa: BLE001 - the ledger's SubmissionConflict is the expected refusal
+                if type(e).__name__ == "SubmissionConflict":
+                    self.conflicts[turn.submission_id] = self.conflicts.get(turn.submission_id, 0) + 1
+                else:
+                    raise
+        if turn.cancel_after is not None:
+            await trio.sleep(turn.cancel_after)
+            info = await self.call(lambda app: app.rt.cancel(ack.run_id))
+            self.cancel_acked[ack.run_id] = info.status
+            world.trace.add("cancel", ack.run_id, info.status)
+        if turn.approve is not None:
+            await self.approve_when_parked(ack.run_id, turn.approve)
+
+    async def approve_when_parked(self, run_id: str, allow: bool) -> None:
+        while True:
+            info = await self.call(lambda app: app.rt.get_run(run_id))
+            if info.status in SETTLED:
+                return
+            if info.status == "parked" and info.pending_approvals:
+                for call_id in list(info.pending_approvals):
+                    await self.call(lambda app: app.rt.approve(run_id, call_id, allow, "simulated human"))
+                    self.world.trace.add("approve", run_id, call_id, allow)
+            await trio.sleep(0.5 + self.world.rng.random())
+
+    async def follower(self, conversation: str) -> None:
+        """Follow a conversation's journal live, resuming from the last cursor after a crash."""
+        seen = self.followed.setdefault(conversation, [])
+
+        async def go(app: App) -> None:
+            after = seen[-1][0] if seen else None
+            async for ev in app.rt.events(conversation, after=after):
+                seen.append((ev.cursor, ev.type))
+
+        while True:
+            try:
+                await self.world.call(self.processes[0], go)
+            except ProcessDied:
+                continue
+            except Exception as e:  # noqa: BLE001 - e.g. the conversation does not exist yet
+                if type(e).__name__ not in ("NotFound", "KVError"):
+                    raise
+                await trio.sleep(0.5)
+
+    async def drive(self) -> None:
+        async with trio.open_nursery() as followers:
+            if self.follow:
+                for conv in sorted({t.conversation for t in self.turns}):
+                    followers.start_soon(self.follower, conv)
+            async with trio.open_nursery() as clients:
+                for turn in self.turns:
+                    clients.start_soon(self.run_turn, turn)
+                if self.clog:
+                    clients.start_soon(self.clogger)
+            await self.after_turns()
+            # Recovery to quiescence runs fault-free; the followers keep following until it is over.
+            self.world.faults_on = False
+            await self._settle_all()
+            await trio.sleep(0.1)  # let followers catch up with the last events
+            followers.cancel_scope.cancel()
+
+    async def after_turns(self) -> None:
+        """Scenario-specific client work once every turn was submitted (e.g. a fork)."""
+
+    async def clogger(self) -> None:
+        """Stale worker: cut off whichever process is driving a run, for longer than its lease."""
+        world = self.world
+        await trio.sleep(0.05 + world.rng.random() * 0.5)
+        victim = world.rng.choice(self.processes)
+        proc = world.processes[victim]
+        proc.clogged_until = world.now() + CLOG_SECONDS
+        world.fault("clog", proc.label)
+
+    async def _settle_all(self) -> None:
+        """Wait (as clients following each run's journal) until every acknowledged run settled."""
+        for sub, run_id in sorted(self.run_of.items()):
+            await self.call(lambda app: app.rt.wait(run_id))
+
+    async def quiesce(self) -> None:
+        await self._settle_all()
+
+    async def check(self, checker: Checker) -> None:
+        from .invariants import check_runtime
+
+        await check_runtime(self, checker)
+
+
+# ---------------------------------------------------------------- the built-in scenarios
+
+
+class PlainTurn(RuntimeScenario):
+    name = "plain"
+    description = "one turn, no tools"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "plain", "s1")]
+
+
+class ToolTurn(RuntimeScenario):
+    name = "tool"
+    description = "one turn with one tool call (an external effect)"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "tool", "s1")]
+
+
+class MultiToolTurn(RuntimeScenario):
+    name = "multi-tool"
+    description = "two tool calls in one message, then a third"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "multi", "s1")]
+
+
+class RetryTurn(RuntimeScenario):
+    name = "retry"
+    description = "transient provider errors (retry-after honoured) before the answer"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "retry", "s1")]
+
+
+class CompactionTurns(RuntimeScenario):
+    name = "compaction"
+    description = "three long turns past the compaction threshold"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "compact", f"s{i}", delay=i * 0.01) for i in range(3)]
+
+
+class ApprovalTurn(RuntimeScenario):
+    name = "approval"
+    description = "a tool that parks for approval; one approved, one denied"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "approve", "s1", approve=True), Turn("c2", "approve", "s2", approve=False)]
+
+
+class CancelTurn(RuntimeScenario):
+    name = "cancel"
+    description = "cancel a run mid-tool and a queued run behind it"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "cancel", "s1", cancel_after=0.3), Turn("c1", "plain", "s2", delay=0.01, cancel_after=0.0)]
+
+
+class ForkTurns(RuntimeScenario):
+    name = "fork"
+    description = "fork a finished conversation and continue the fork"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "plain", "s1")]
+
+    async def after_turns(self) -> None:
+        await self._settle_all()
+        new = await self.call(lambda app: app.rt.fork("c1", 2, new_conversation="c1-fork"))
+        self.forks.append(("c1", new, 2))
+        self.turns.append(Turn(new, "plain", "s2"))
+        await self.run_turn(self.turns[-1])
+
+
+class ConcurrentConversations(RuntimeScenario):
+    name = "concurrent"
+    description = "three conversations, two turns each, submitted concurrently (FIFO per conversation)"
+
+    def make_turns(self) -> list[Turn]:
+        modes = ["plain", "tool", "plain"]
+        return [Turn(f"c{c}", modes[(c + i) % 3], f"s{c}-{i}", delay=i * 0.002) for c in range(3) for i in range(2)]
+
+
+class DuplicateSubmission(RuntimeScenario):
+    name = "duplicate"
+    description = "the same submission id twice (one run) and with a different request (conflict)"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "tool", "s1", resubmit=True, conflict=True)]
+
+
+class StaleWorker(RuntimeScenario):
+    name = "stale-worker"
+    description = "two runtimes on one store; the worker in a slow tool is cut off past its lease"
+    processes = ("p1", "p2")
+    clog = True
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "stale", "s1"), Turn("c2", "tool", "s2", delay=0.1)]
+
+
+SCENARIOS: dict[str, type[Scenario]] = {
+    s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
+                        CancelTurn, ForkTurns, ConcurrentConversations, DuplicateSubmission, StaleWorker)
+}

@@ -1,0 +1,156 @@
+"""A simulation session: many runs (exhaustive crash points and/or random seeds), one summary.
+
+Used by ``surefoot sim`` (sim/cli.py), the CI test (tests/sim) and the
+benchmark (tests/bench/bench_sim.py).  A session stops starting runs when
+its time budget is spent; the summary says how far it got.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from .faults import FaultPlan
+from .harness import RunResult, exhaustive, random_plan, replay_command, run_once
+
+__all__ = ["Summary", "Failure", "all_scenarios", "plan_runs", "run_session", "shrink"]
+
+
+def all_scenarios() -> dict[str, type]:
+    from .kvworkloads import CycleScenario, OutboxScenario
+    from .scenarios import SCENARIOS
+
+    out: dict[str, type] = dict(SCENARIOS)
+    out[CycleScenario.name] = CycleScenario
+    out[OutboxScenario.name] = OutboxScenario
+    return out
+
+
+@dataclass
+class Failure:
+    result: RunResult
+    shrunk: RunResult | None = None
+
+    @property
+    def command(self) -> str:
+        return replay_command(self.shrunk or self.result)
+
+
+@dataclass
+class Summary:
+    seed: int
+    runs: int = 0
+    crash_points: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    checks: int = 0
+    invariant_failures: dict[str, int] = field(default_factory=dict)
+    virtual_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    commits: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    by_scenario: dict[str, int] = field(default_factory=dict)
+    budget_exhausted: bool = False
+    _hash: "hashlib._Hash" = field(default_factory=lambda: hashlib.blake2b(digest_size=16))
+
+    def add(self, r: RunResult) -> None:
+        self.runs += 1
+        # a crash point: an exact one (exhaustive) or a random one (BUGGIFY), each followed by recovery
+        self.crash_points += r.faults.get("crash.before_commit", 0) + r.faults.get("crash.after_commit", 0)
+        for k, v in r.faults.items():
+            self.faults[k] = self.faults.get(k, 0) + v
+        self.checks += r.checks
+        self.virtual_seconds += r.virtual_seconds
+        self.commits += r.commits
+        self.by_scenario[r.scenario] = self.by_scenario.get(r.scenario, 0) + 1
+        self._hash.update(f"{r.scenario}|{r.seed}|{r.plan.describe()}|{r.trace}\n".encode())
+        for v in r.violations:
+            self.invariant_failures[v.invariant] = self.invariant_failures.get(v.invariant, 0) + 1
+
+    @property
+    def trace(self) -> str:
+        """The session's trace hash: every run's trace, in order (same arguments -> same hash)."""
+        return self._hash.hexdigest()
+
+    @property
+    def runs_per_second(self) -> float:
+        return self.runs / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def crash_points_per_second(self) -> float:
+        return self.crash_points / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def figures(self) -> dict[str, object]:
+        return {
+            "runs": self.runs, "crash_points": self.crash_points, "checks": self.checks,
+            "faults": sum(self.faults.values()), "simulated_hours": round(self.virtual_seconds / 3600, 3),
+            "wall_seconds": round(self.wall_seconds, 2), "runs_per_s": round(self.runs_per_second, 1),
+            "crash_points_per_s": round(self.crash_points_per_second, 1), "failures": len(self.failures),
+            "trace": self.trace,
+        }
+
+
+def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
+              plan: FaultPlan | None = None) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
+    """Yield the session's work lazily (exhaustive iterators first, then random seeds)."""
+    scen = all_scenarios()
+    if plan is not None:  # an exact replay
+        for n in names:
+            yield lambda n=n: run_once(scen[n], seed, plan)
+        return
+    if exhaustive_mode:
+        for n in names:
+            yield (n, exhaustive(scen[n], seed))
+    for i in range(runs):
+        s = seed + i
+        n = names[i % len(names)]
+        yield lambda n=n, s=s: run_once(scen[n], s, random_plan(s))
+
+
+def shrink(result: RunResult) -> RunResult | None:
+    """A smaller schedule that still fails: the same seed with fewer fault kinds (random runs only)."""
+    if not result.plan.buggify:
+        return None
+    factory = all_scenarios()[result.scenario]
+    names = {v.invariant for v in result.violations}
+    for plan in (FaultPlan(), FaultPlan(buggify=True, crash_rate=0.0)):
+        r = run_once(factory, result.seed, plan)
+        if names & {v.invariant for v in r.violations}:
+            return r
+    return None
+
+
+def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, runs: int = 0,
+                time_budget: float | None = None, plan: FaultPlan | None = None,
+                on_result: Callable[[RunResult], None] | None = None, max_failures: int = 5,
+                quiet: bool = True) -> Summary:
+    """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary."""
+    summary = Summary(seed=seed)
+    t0 = time.perf_counter()
+    previous = logging.root.manager.disable
+    if quiet:
+        logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
+    try:
+        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan):
+            it: Iterator[RunResult] = work[1] if isinstance(work, tuple) else iter([work()])
+            for r in it:
+                summary.add(r)
+                if not r.ok and len(summary.failures) < max_failures:
+                    summary.failures.append(Failure(r, shrink(r)))
+                if on_result is not None:
+                    on_result(r)
+                if time_budget is not None and time.perf_counter() - t0 > time_budget:
+                    summary.budget_exhausted = True
+                    break
+            if summary.budget_exhausted:
+                break
+    finally:
+        logging.disable(previous)
+        summary.wall_seconds = time.perf_counter() - t0
+    return summary

@@ -19,6 +19,20 @@ Every method takes ``owner=`` (an owner tag ``"realm/subject"``; default
 ``local/default``); a foreign run or conversation is the same NotFound as a
 missing one.
 
+Records: ``Outcome(run_id, status, result, text, error)`` (status completed |
+failed | cancelled; ``error`` is ``{"type", "message", ...}`` — types include
+transient, overflow, permanent, stream_broken, usage_limit, result_schema,
+max_model_calls, retry_exhausted, cancelled); ``RunInfo(run_id, conversation,
+status, attempt, agent, submission_id, created, outcome, pending_approvals,
+cancel_requested)`` (status queued | running | parked | completed | failed |
+cancelled).
+
+Errors a front end maps: :class:`NotFound` (404), :class:`SubmissionConflict`
+and :class:`ConversationBusy` (409, from ``submit``), :class:`ApprovalError`
+(409: nothing pending for that call), :class:`CursorBehind` (from ``events``:
+the cursor fell behind retention; ``first_retained`` says where to resume),
+``sessions.errors.InvalidCursor`` (400).
+
 Building blocks:
 
 * :class:`Agent`, :func:`tool`, :class:`Tool`, :class:`Hooks`, :class:`ToolContext`
@@ -42,6 +56,9 @@ from .errors import (
     TransientProviderError,
 )
 from .providers import EchoModel, ScriptedModel, make_provider, parse_model_spec
+from ledger import ConversationBusy, SubmissionConflict
+from sessions.errors import CursorBehind
+
 from .retry import RetryPolicy
 from .runtime import Acknowledgement, NotFound, Outcome, RunInfo, Runtime
 from .store import ApprovalError
@@ -53,6 +70,9 @@ __all__ = [
     "RunInfo",
     "NotFound",
     "ApprovalError",
+    "SubmissionConflict",
+    "ConversationBusy",
+    "CursorBehind",
     "Agent",
     "Tool",
     "tool",

@@ -37,6 +37,7 @@ import trio
 
 import kv
 from sessions import events as E
+from sessions.errors import NotFound as SessionNotFound
 
 from .agents import Agent
 from .calls import SYSTEM_CLOCK, Clock
@@ -307,23 +308,45 @@ class Runtime:
         journal's ``CursorBehind`` (with ``first_retained``) when the cursor
         fell behind retention.
         """
-        async for ev in self.store.journal.follow(owner or self.owner, conversation, after):
-            yield ev
+        try:
+            async for ev in self.store.journal.follow(owner or self.owner, conversation, after):
+                yield ev
+        except SessionNotFound:
+            raise NotFound(f"conversation {conversation!r} not found") from None
 
     async def read_events(self, conversation: str, after: str | None = None, *, limit: int = 256, owner: str | None = None) -> Any:
         """One page of the journal (no waiting): the journal's ``JournalPage``."""
-        return await self.store.journal.read(owner or self.owner, conversation, after, limit)
+        try:
+            return await self.store.journal.read(owner or self.owner, conversation, after, limit)
+        except SessionNotFound:
+            raise NotFound(f"conversation {conversation!r} not found") from None
 
     async def get_run(self, run_id: str, *, owner: str | None = None) -> RunInfo:
         return await self.store.get_run(run_id, owner or self.owner)
 
     async def transcript(self, conversation: str, *, start: int = 0, owner: str | None = None) -> list[dict[str, Any]]:
-        """The conversation's messages from ``start`` (the full history, compaction entries included)."""
-        return await self.store.read_transcript(owner or self.owner, conversation, start)
+        """The conversation's messages from ``start`` (the full history, compaction entries included).
+
+        Empty for a conversation whose first run has not started yet; NotFound for
+        one this owner never had (a foreign one included).
+        """
+        tag = owner or self.owner
+        try:
+            return [m.data for m in await self.store.transcripts.read_all(tag, conversation, start)]
+        except SessionNotFound:
+            pass
+        try:
+            await self.store.journal.tail_cursor(tag, conversation)
+        except SessionNotFound:
+            raise NotFound(f"conversation {conversation!r} not found") from None
+        return []
 
     async def fork(self, conversation: str, at: int, *, new_conversation: str | None = None, owner: str | None = None) -> str:
         """A new conversation holding messages [0, at) of ``conversation``; returns its id."""
-        info = await self.store.transcripts.fork(owner or self.owner, conversation, at, new_session_id=new_conversation)
+        try:
+            info = await self.store.transcripts.fork(owner or self.owner, conversation, at, new_session_id=new_conversation)
+        except SessionNotFound:
+            raise NotFound(f"conversation {conversation!r} not found") from None
         return info.id
 
     async def conversations(self, *, owner: str | None = None) -> list[str]:

@@ -7,7 +7,8 @@ import json
 import pytest
 import trio
 
-from loop import Agent, ApprovalError, Hooks, NotFound, RetryPolicy, Runtime, ScriptedModel, ToolContext, tool
+from loop import (Agent, ApprovalError, Hooks, NotFound, RetryPolicy, Runtime, ScriptedModel, SubmissionConflict,
+                  ToolContext, tool)
 from loop import messages as M
 from loop.providers import broken, overflow, permanent, reply, tool_call, transient
 from loop.compaction import SUMMARY_PREFIX
@@ -108,7 +109,7 @@ async def test_duplicate_submission_returns_the_same_run(rt):
     ack2 = await rt.submit(agent, "c3", "once", submission_id="dup")
     assert ack2.duplicate and ack2.run_id == out.run_id and ack2.outcome["status"] == "completed"
     assert (await rt.wait(ack2)).result == out.result
-    with pytest.raises(Exception, match="different"):
+    with pytest.raises(SubmissionConflict):
         await rt.submit(agent, "c3", "twice", submission_id="dup")
     assert roles(await rt.transcript("c3")) == ["user", "assistant"]  # one run only
 
@@ -445,6 +446,15 @@ async def test_fork_and_not_found(rt):
         await rt.get_run("nope")
     with pytest.raises(NotFound):
         await rt.get_run(out.run_id, owner="other/user")  # a foreign run is a missing run
+    for read in (lambda o: rt.transcript("c22", owner=o), lambda o: rt.read_events("c22", owner=o),
+                 lambda o: rt.fork("c22", 1, owner=o)):
+        with pytest.raises(NotFound):
+            await read("other/user")
+    with pytest.raises(NotFound):
+        async for _ in rt.events("c22", owner="other/user"):
+            pass
+    with pytest.raises(NotFound):
+        await rt.transcript("never-used")
 
 
 async def test_retry_exhausted_after_repeated_crashes(tmp_path):

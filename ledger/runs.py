@@ -78,7 +78,7 @@ MAX_MAX_ATTEMPTS = 1_000
 DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 3_600.0
 #: Claim picks at random among this many oldest candidates, so racing workers rarely pick the same run.
-CLAIM_WINDOW = 16
+CLAIM_WINDOW = 32
 #: A claim that finds only exhausted/stale entries gives up after this many transactions.
 MAX_CLAIM_SKIPS = 64
 #: The request (delivery + schema) is stored with the submission; refuse absurd ones up front.
@@ -359,7 +359,9 @@ class Ledger:
                 kind = "rd"
             if not rows:
                 return None
-            row = rows[self.rng.randrange(len(rows))]
+            # After a conflict, prefer an entry this claim has not tried yet.
+            fresh = (rows if not tried else [r for r in rows if self.keys.unpack(r.key)[2] not in tried]) or rows
+            row = fresh[self.rng.randrange(len(fresh))]
             tr.add_read_conflict_key(row.key)
             _k, us, run_id = self.keys.unpack(row.key)
             tried.append(run_id)

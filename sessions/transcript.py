@@ -238,6 +238,13 @@ class Transcripts:
         tr.set(self.keys.head(tag, session_id), dumps(head))
         return head["n"]
 
+    async def appended_tr(self, tr: Any, owner: OwnerLike, session_id: str, token: bytes) -> bool:
+        """True when the session's last append carried ``token``: the guard a composite
+        transaction checks first, so a retry after ``commit_unknown_result`` whose
+        first attempt committed does nothing twice (pass the same token to append_tr)."""
+        head = await self._head(tr, as_tag(owner), check_session_id(session_id))
+        return head.get("tok") == token
+
     async def append(self, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
                      expected_head: int | None = None) -> int:
         """Append in a transaction of its own. Guarded by a token chosen before the first attempt."""

@@ -98,6 +98,26 @@ async def test_append_after_1021_is_applied_once(db, inject_1021):
     assert await t.head(OWNER, "s") == 1
 
 
+async def test_composite_transaction_guarded_by_append_token(db, inject_1021):
+    s = Sessions(db)
+    t, j = s.transcripts, s.journal
+    await t.create(OWNER, "s")
+    token = b"turn-1"
+
+    async def turn(tr):  # guarded: the append token says whether a previous attempt committed
+        if await t.appended_tr(tr, OWNER, "s", token):
+            return "already"
+        await t.append_tr(tr, OWNER, "s", [{"role": "assistant", "content": "hi"}], expected_head=0, token=token)
+        await j.emit(tr, OWNER, "s", "message.added", {"seq": 0})
+        return "done"
+
+    hooks = inject_1021(db, b"ss", n=1)
+    assert await db.transact(turn) == "already"
+    assert hooks.injected == 1
+    assert await t.head(OWNER, "s") == 1
+    assert len((await j.read(OWNER, "s")).events) == 1
+
+
 async def _fill(t, sid: str, n: int, batch: int = 5_000) -> None:
     await t.create(OWNER, sid)
     for i in range(0, n, batch):

@@ -33,6 +33,8 @@ from .limits import (
     MAX_ID,
     MAX_PAGE,
     DEFAULT_PAGE,
+    MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_PARTS,
     MAX_REASON,
 )
 
@@ -135,6 +137,16 @@ ACK_SCHEMA = {
         "outcome": {"type": ["object", "null"]},
     },
 }
+USER_MESSAGE_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["role", "content"],
+    "description": f"a user message; its text is at most {MAX_MESSAGE_BYTES} UTF-8 bytes in all",
+    "properties": {
+        "role": {"const": "user"},
+        "content": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGE_PARTS, "items": {
+            "type": "object", "additionalProperties": False, "required": ["type", "text"],
+            "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+    },
+}
 CONV_PARAM = ("conversation_id", _str(MAX_CONVERSATION_ID), "conversation id (any characters but '/')")
 
 ROUTES: tuple[Route, ...] = (
@@ -156,7 +168,7 @@ ROUTES: tuple[Route, ...] = (
           request={
               "type": "object", "additionalProperties": False, "required": ["message"],
               "properties": {
-                  "message": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "object"}]},
+                  "message": {"oneOf": [{"type": "string", "minLength": 1}, USER_MESSAGE_SCHEMA]},
                   "result_schema": {"type": "object"},
               },
           },
@@ -189,10 +201,12 @@ ROUTES: tuple[Route, ...] = (
           "The conversation's event journal after a cursor: a JSON page, or with Accept: text/event-stream an "
           "SSE stream (replay, then live; each id the event position; Last-Event-ID resumes; ?token= accepts a "
           "stream token here only).",
-          query=(("after", CURSOR_SCHEMA, "resume strictly after this position"),
+          query=(("after", {"type": "string", "pattern": "^([0-9a-f]{24})?$"},
+                  "resume strictly after this position (empty or absent: from the oldest retained)"),
                  ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "page size (JSON only)"),
                  ("token", {"type": "string"}, "a stream token (SSE only)")),
-          headers=(("Last-Event-ID", CURSOR_SCHEMA, "SSE reconnect position (wins over ?after)"),),
+          headers=(("Last-Event-ID", {"type": "string", "pattern": "^([0-9a-f]{24})?$"},
+                    "SSE reconnect position (wins over ?after; empty means none)"),),
           responses={200: ("a page of events (JSON) or an event stream", {
               "type": "object", "required": ["events", "next_cursor", "first_retained", "behind", "more"],
               "properties": {"events": {"type": "array", "items": EVENT_SCHEMA},
@@ -244,8 +258,13 @@ def _bad(message: str) -> ApiError:
 
 
 def _check_id(name: str, value: str, max_len: int) -> str:
-    if not value or len(value) > max_len or any(ord(c) < 0x20 for c in value):
-        raise _bad(f"{name} must be 1..{max_len} characters with no control characters")
+    # Ids are only lookup keys (tuple-encoded, so any characters are safe); a strange one is simply not found.
+    if not isinstance(value, str) or not value or len(value) > max_len:
+        raise _bad(f"{name} must be 1..{max_len} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(f"{name} must be valid UTF-8") from None
     return value
 
 
@@ -272,6 +291,37 @@ def _object(body: Any, allowed: set[str], required: set[str] = frozenset()) -> d
     if missing:
         raise _bad(f"missing field(s): {', '.join(sorted(missing))}")
     return body
+
+
+def _user_message(message: Any) -> str | dict[str, Any]:
+    """A string, or a user message {"role": "user", "content": [{"type": "text", "text"}...]}; size-capped."""
+    if isinstance(message, str):
+        if not message:
+            raise _bad("message must not be empty")
+        size = len(message.encode("utf-8"))
+    elif isinstance(message, dict):
+        _object(message, {"role", "content"}, {"role", "content"})
+        content = message["content"]
+        if message["role"] != "user":
+            raise _bad("message.role must be 'user'")
+        if not isinstance(content, list) or not 0 < len(content) <= MAX_MESSAGE_PARTS:
+            raise _bad(f"message.content must be a list of 1..{MAX_MESSAGE_PARTS} parts")
+        size = 0
+        for part in content:
+            if not isinstance(part, dict) or set(part) != {"type", "text"} or part["type"] != "text" \
+                    or not isinstance(part["text"], str):
+                raise _bad('each message part must be {"type": "text", "text": STRING}')
+            size += len(part["text"].encode("utf-8"))
+        message = {"role": "user", "content": [{"type": "text", "text": p["text"]} for p in content]}
+    else:
+        raise _bad("message must be a string or a user message object")
+    if size > MAX_MESSAGE_BYTES:
+        raise ApiError("payload_too_large",
+                       f"message text of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte message limit "
+                       f"by {size - MAX_MESSAGE_BYTES} bytes",
+                       extra={"limit": "message", "limit_bytes": MAX_MESSAGE_BYTES,
+                              "over_by_bytes": size - MAX_MESSAGE_BYTES})
+    return message
 
 
 def _is_cursor(value: str) -> bool:
@@ -350,9 +400,16 @@ class Api:
         if ctype != JSON_MEDIA_TYPE and not (ctype.startswith("application/") and ctype.endswith("+json")):
             raise ApiError("unsupported_media_type", "the request body must be application/json")
         try:
-            return json.loads(req.body)
-        except (ValueError, UnicodeDecodeError):
+            value = json.loads(req.body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ApiError("invalid_json", "the request body is not valid JSON") from None
+        try:
+            # JSON may spell unpaired surrogates (\\udb70) that no UTF-8 store can hold: refuse them here
+            # rather than fail at the storage layer after acknowledging.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError("invalid_json", "the request body contains unpaired UTF-16 surrogates") from None
+        return value
 
     # -- public ----------------------------------------------------------------
 
@@ -397,14 +454,9 @@ class Api:
     async def submit_message(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
         conv = _check_id("conversation_id", req.params["conversation_id"], MAX_CONVERSATION_ID)
         body = _object(body, {"message", "result_schema"}, {"message"})
-        message = body["message"]
-        if isinstance(message, str):
-            if not message:
-                raise _bad("message must not be empty")
-        elif not isinstance(message, dict):
-            raise _bad("message must be a string or an object")
+        message = _user_message(body["message"])
         schema = body.get("result_schema")
-        if schema is not None and not isinstance(schema, dict):
+        if "result_schema" in body and not isinstance(schema, dict):
             raise _bad("result_schema must be a JSON schema object")
         key = req.headers.get("idempotency-key")
         if key is None:
@@ -446,10 +498,12 @@ class Api:
         conv = _check_id("conversation_id", req.params["conversation_id"], MAX_CONVERSATION_ID)
         body = _object(body, {"at", "conversation_id"}, {"at"})
         at = body["at"]
+        if isinstance(at, float) and at.is_integer():
+            at = int(at)  # JSON Schema's integer includes 3.0
         if not isinstance(at, int) or isinstance(at, bool) or at < 0:
             raise _bad("at must be a non-negative integer")
         new = body.get("conversation_id")
-        if new is not None:
+        if "conversation_id" in body:
             if not isinstance(new, str):
                 raise _bad("conversation_id must be a string")
             _check_id("conversation_id", new, MAX_CONVERSATION_ID)
@@ -469,12 +523,12 @@ class Api:
         conv = _check_id("conversation_id", req.params["conversation_id"], MAX_CONVERSATION_ID)
         owner = principal.owner
         after = req.query.get("after") or None
+        last_id = req.headers.get("last-event-id", "").strip()
+        if last_id:
+            after = last_id  # an EventSource reconnect: wins over the original URL's ?after
+        if after is not None and not _is_cursor(after):
+            raise ApiError("invalid_cursor", "not a cursor this server issued")
         if wants_sse(req.headers):
-            last_id = req.headers.get("last-event-id")
-            if last_id:
-                after = last_id.strip()
-            if after is not None and not _is_cursor(after):
-                raise ApiError("invalid_cursor", "not a cursor this server issued")
             # 404 (foreign or missing) before the stream starts, with the JSON error body.
             await self.rt.read_events(conv, after, limit=1, owner=owner)
             assert self.hubs is not None, "SSE needs the server's hub nursery"
@@ -487,8 +541,6 @@ class Api:
             body_iter = sse.stream(self.hubs, owner, conv, after, read_page, heartbeat=self.heartbeat)
             return ApiResponse(200, stream=body_iter, headers={
                 "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        if after is not None and not _is_cursor(after):
-            raise ApiError("invalid_cursor", "not a cursor this server issued")
         limit = _int_param(req.query, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         page = await self.rt.read_events(conv, after, limit=limit, owner=owner)
         return ApiResponse(200, {
@@ -526,7 +578,7 @@ class Api:
         if not isinstance(allow, bool):
             raise _bad("allow must be true or false")
         reason = body.get("reason")
-        if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+        if "reason" in body and (not isinstance(reason, str) or len(reason) > MAX_REASON):
             raise _bad(f"reason must be a string of at most {MAX_REASON} characters")
         await self.rt.approve(run_id, call_id, allow, reason, owner=principal.owner)
         return ApiResponse(200, {"run_id": run_id, "call_id": call_id, "allow": allow})
@@ -534,9 +586,9 @@ class Api:
     # -- stream tokens ---------------------------------------------------------
 
     async def create_stream_token(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
-        body = _object(body or {}, {"conversation_id"})
+        body = _object(body, {"conversation_id"})
         conv = body.get("conversation_id")
-        if conv is not None:
+        if "conversation_id" in body:
             if not isinstance(conv, str):
                 raise _bad("conversation_id must be a string")
             _check_id("conversation_id", conv, MAX_CONVERSATION_ID)

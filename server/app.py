@@ -114,13 +114,20 @@ def create_app(api: Api) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def http_error(e: HTTPException) -> Response:
-        # Unknown paths and wrong methods: the same JSON shape as everything else.
+        # Unknown paths and wrong methods: the same JSON shape as everything else. Routing failed
+        # before any view read the body, so drain it here (the kept-alive connection pitfall).
+        try:
+            _, oversize = await _read_body(MAX_REQUEST_BYTES)
+        except Exception:  # noqa: BLE001 - a broken body: just close the connection after answering
+            oversize = -1
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
                 415: "unsupported_media_type", 400: "invalid_request"}.get(e.code or 500, "internal")
         status = e.code or 500
         message = "not found" if status == 404 else (e.description or e.name or "error")
         err = ApiError(code, message if status != 500 else "internal error", status=status)
         out = _to_quart(error_response(err))
+        if oversize is not None:
+            out.headers["Connection"] = "close"
         if status == 405 and getattr(e, "valid_methods", None):
             out.headers["Allow"] = ", ".join(e.valid_methods)  # type: ignore[attr-defined]
         return out

@@ -9,6 +9,12 @@ KiB = 1024
 MAX_REQUEST_BYTES = 256 * KiB
 #: Largest decoded attachment (192 KiB): base64 of it plus JSON framing still fits the request cap.
 MAX_ATTACHMENT_BYTES = 192 * KiB
+#: Largest user message text (UTF-8 bytes, all parts). The loop journals the whole user message in one
+#: message.added event and the journal refuses events over 90,000 bytes (sessions.journal.MAX_EVENT_BYTES),
+#: so a bigger message would be acknowledged and then fail every attempt; it is refused up front (413).
+MAX_MESSAGE_BYTES = 64 * KiB
+#: Parts in one user message.
+MAX_MESSAGE_PARTS = 64
 #: Conversation ids are journal/transcript key parts (sessions allows 512 characters).
 MAX_CONVERSATION_ID = 512
 #: Run ids, call ids, attachment ids, project ids.

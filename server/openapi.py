@@ -12,7 +12,7 @@ from typing import Any
 
 from .api import BEARER, BEARER_OR_STREAM, PUBLIC, ROUTES, Route
 from .errors import CODES
-from .limits import MAX_ATTACHMENT_BYTES, MAX_REQUEST_BYTES
+from .limits import MAX_ATTACHMENT_BYTES, MAX_CONVERSATION_ID, MAX_ID, MAX_REQUEST_BYTES
 
 __all__ = ["build_openapi", "API_VERSION"]
 
@@ -46,7 +46,8 @@ _ERROR_TEXT = {
 def _operation(route: Route) -> dict[str, Any]:
     params: list[dict[str, Any]] = []
     for name in re.findall(r"{(\w+)}", route.path):
-        schema = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
+        max_len = MAX_CONVERSATION_ID if name == "conversation_id" else MAX_ID
+        schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": "^[^/]+$"}
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
     for name, schema, desc in route.query:
         params.append({"name": name, "in": "query", "required": False, "schema": dict(schema), "description": desc})

@@ -273,3 +273,16 @@ async def test_health_ready_openapi():
             assert "/v1/conversations/{conversation_id}/messages" in doc["paths"]
             assert set(doc["paths"]["/v1/conversations/{conversation_id}/messages"]) == {"get", "post"}
         s.shutdown.set()
+
+
+async def test_routing_errors_drain_the_body_on_a_kept_alive_connection():
+    async with serving() as s:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with s.client(limits=limits, timeout=5) as c:
+            for i in range(20):
+                r = await c.put("/v1/conversations/c/fork", content=b'{"at": 0}' + b" " * (5000 + i),
+                                headers={"Content-Type": "application/json"})
+                assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+                r = await c.post("/v1/no/such/route", content=b"x" * 7000)
+                assert r.status_code == 404
+            assert (await c.get("/v1/conversations")).status_code == 200

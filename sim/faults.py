@@ -179,6 +179,8 @@ class SimHooks(FaultHooks):
             world.oracle.committed(version, order, req)
             world.trace.add("commit", version, order, proc.label if proc else "-",
                             getattr(req.tag, "_sim_k", "-"), digest_mutations(req.mutations))
+            if world.commit_listeners:
+                world.commit_listeners[:] = [f for f in world.commit_listeners if not f(proc)]
             if world.buggify("kv.commit.1021"):
                 world.fault("kv.commit.1021", getattr(req.tag, "_sim_k", "-"))
                 failures[req] = kv.KVError(1021)

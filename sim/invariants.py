@@ -24,6 +24,7 @@ fifo_per_conversation          6        runs start in the order they were queued
 cancel_is_durable              7        an acknowledged cancel ends the run cancelled
 journal_ordered                9        positions strictly increasing, no duplicates
 journal_replay_equals_live     9        what followers saw live == the replay
+journal_matches_state          9        each run: one run.queued, one settle event = its state
 usage_once_per_step            10       one usage record per (run, step)
 fork_is_prefix                 2        a fork holds exactly the parent's first N messages
 kv_serializable                (kv)     the oracle replays the history (sim.oracle)
@@ -51,7 +52,7 @@ INVARIANTS: dict[str, int | None] = {
     "attempts_bounded": 4, "transcript_tool_results": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
     "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
     "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
-    "journal_replay_equals_live": 9, "usage_once_per_step": 10, "fork_is_prefix": 2,
+    "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "fork_is_prefix": 2,
     "kv_serializable": None, "no_unexpected_exception": None, "quiescence": 4,
 }
 
@@ -91,6 +92,18 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
                 expect(info.status == "cancelled", "cancel_is_durable", 7,
                        f"run {run_id} was {before} when its cancel was acknowledged, but ended {info.status}")
 
+        # ---- promise 5: the settle write came from the run's latest lease (fencing token)
+        ledger = getattr(rt.store, "ledger", None)
+        read_run = getattr(ledger, "_run", None)  # private record: the token that settled vs the latest claim
+        for run_id in sorted(sc.run_of.values()):
+            if read_run is None:
+                break
+            rec = await checker.db.transact(lambda tr: read_run(tr, run_id))  # read-only
+            tok, claims = rec.get("settled_token"), rec.get("claims")
+            if tok is not None and claims is not None:
+                expect(tok == claims, "no_stale_lease_writes", 5,
+                       f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
+
         # ---- promise 3: effects counted outside the process
         for key, n in sorted(world.effects.items()):
             expect(n <= 1, "tool_at_most_once", 3, f"tool call {key} executed {n} times")
@@ -101,6 +114,7 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
             _check_transcript(checker, conv, msgs, world.effects)
             _check_journal(checker, conv, events, sc.followed.get(conv))
             _check_runs_in_journal(checker, conv, events)
+            _check_journal_matches_state(checker, conv, events, runs_by_conv.get(conv, []))
 
         # ---- fork
         for parent, fork, at in sc.forks:
@@ -175,6 +189,25 @@ def _check_journal(checker: "Checker", conv: str, events: list[Any], live: list[
         expect(n == 1, "usage_once_per_step", 10, f"{conv}: usage of {run_id} step {step} recorded {n} times")
 
 
+def _check_journal_matches_state(checker: "Checker", conv: str, events: list[Any], runs: list[Any]) -> None:
+    """Every state change is journaled in its own transaction: exactly once, never without the change."""
+    queued: dict[str, int] = {}
+    settles: dict[str, list[str]] = {}
+    for e in events:
+        rid = (e.data or {}).get("run_id")
+        if e.type == "run.queued":
+            queued[rid] = queued.get(rid, 0) + 1
+        elif e.type in SETTLED_EVENTS:
+            settles.setdefault(rid, []).append(e.type.split(".", 1)[1])
+    for info in runs:
+        rid = info.run_id
+        checker.expect(queued.get(rid, 0) == 1, "journal_matches_state", 9,
+                       f"{conv}: run {rid} has {queued.get(rid, 0)} run.queued events")
+        want = [info.status] if info.status in ("completed", "failed", "cancelled") else []
+        checker.expect(settles.get(rid, []) == want, "journal_matches_state", 9,
+                       f"{conv}: run {rid} is {info.status} but the journal settles it {settles.get(rid, [])}")
+
+
 def _first_diff(a: list[Any], b: list[Any]) -> int:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -214,6 +247,6 @@ def _check_runs_in_journal(checker: "Checker", conv: str, events: list[Any]) -> 
             expect(d["attempt"] >= attempt.get(rid, 0), "no_stale_lease_writes", 5,
                    f"{conv}: {e.type} of run {rid} from attempt {d['attempt']} after attempt {attempt.get(rid)} started")
         if rid is not None and rid in settled and e.type not in SETTLED_EVENTS:
-            expect(False, "no_stale_lease_writes", 5, f"{conv}: {e.type} of run {rid} after it settled")
+            expect(False, "journal_matches_state", 9, f"{conv}: {e.type} of run {rid} journaled after it settled")
     order = [r for r in queued if r in first_start]
     expect(order == first_start, "fifo_per_conversation", 6, f"{conv}: runs started in order {first_start}, queued {queued}")

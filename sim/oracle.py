@@ -62,7 +62,7 @@ class RecordingTransaction(Transaction):
         if world is not None:
             proc = self.db.process
             if proc is not None and proc.clogged_until > world.now():
-                await trio.sleep(proc.clogged_until - world.now())  # cut off from the store (clogged)
+                await proc.wait_unclogged()  # cut off from the store (clogged)
             await trio.sleep(world.latency())
 
     async def _get(self, key: bytes, snapshot: bool) -> bytes | None:

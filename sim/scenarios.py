@@ -39,6 +39,8 @@ SIM_LEASE_SECONDS = 1.0
 SIM_MAX_ATTEMPTS = 10
 # Clients poll run state this often while waiting for quiescence (virtual seconds).
 QUIESCE_POLL_SECONDS = 1.0
+# Faults fire while the runs execute, for at most this long (virtual seconds); then recovery runs fault-free.
+CHAOS_SECONDS = 60.0
 # How long the stale-worker fault cuts a process off from the store (well past a lease).
 CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
 SETTLED = ("completed", "failed", "cancelled")
@@ -104,6 +106,7 @@ class RuntimeScenario(Scenario):
         self.forks: list[tuple[str, str, int]] = []
         self.model_calls: dict[Any, int] = {}
         self.tools_called: dict[str, int] = {}
+        self._clog_done = False
 
     def make_turns(self) -> list[Turn]:
         return [Turn("c1", "plain", "s1")]
@@ -145,7 +148,7 @@ class RuntimeScenario(Scenario):
             if mode == "retry" and calls[key] <= 2:
                 return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
             if mode in ("tool", "approve", "cancel", "stale"):
-                name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "slow"}[mode]
+                name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "brief"}[mode]
                 return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
             if mode == "multi":
                 if results == 0:
@@ -171,6 +174,10 @@ class RuntimeScenario(Scenario):
                 world.fault("tool.exception")
                 raise RuntimeError("tool failed before its effect")
             world.effect(proc, key)
+            if scenario.clog and what.startswith("brief") and not scenario._clog_done:
+                scenario._clog_done = True
+                proc.clog(CLOG_SECONDS)
+                world.commit_listeners.append(scenario._unclog_on_takeover(proc, world.now()))
             await trio.sleep(world.rng.random() * 0.01)
             if world.buggify("tool.exception.after"):
                 world.fault("tool.exception")
@@ -188,6 +195,13 @@ class RuntimeScenario(Scenario):
             return await do_effect(ctx, f"guarded {n}")
 
         @tool
+        async def brief(n: int, ctx: ToolContext) -> str:
+            """A short tool (its worker is cut off from the store right after the effect)."""
+            out = await do_effect(ctx, f"brief {n}")
+            await trio.sleep(0.3)
+            return out
+
+        @tool
         async def slow(n: int, ctx: ToolContext) -> str:
             """A long tool that stops early when the run is cancelled."""
             out = await do_effect(ctx, f"slow {n}")
@@ -197,7 +211,7 @@ class RuntimeScenario(Scenario):
                 await trio.sleep(0.1)
             return out
 
-        tools = [effect, guarded, slow]
+        tools = [effect, guarded, slow, brief]
         script = self.model_script()
         return {
             "sim": Agent("sim", "You are simulated.", ScriptedModel(script), tools=tools, retry=RetryPolicy()),
@@ -303,10 +317,11 @@ class RuntimeScenario(Scenario):
             async with trio.open_nursery() as clients:
                 for turn in self.turns:
                     clients.start_soon(self.run_turn, turn)
-                if self.clog:
-                    clients.start_soon(self.clogger)
             await self.after_turns()
-            # Recovery to quiescence runs fault-free; the followers keep following until it is over.
+            # Faults keep firing while the runs execute (for a while), then recovery to quiescence
+            # runs fault-free; the followers keep following until it is over.
+            with trio.move_on_after(CHAOS_SECONDS):
+                await self._settle_all()
             self.world.faults_on = False
             await self._settle_all()
             await trio.sleep(0.1)  # let followers catch up with the last events
@@ -315,14 +330,19 @@ class RuntimeScenario(Scenario):
     async def after_turns(self) -> None:
         """Scenario-specific client work once every turn was submitted (e.g. a fork)."""
 
-    async def clogger(self) -> None:
-        """Stale worker: cut off whichever process is driving a run, for longer than its lease."""
-        world = self.world
-        await trio.sleep(0.05 + world.rng.random() * 0.5)
-        victim = world.rng.choice(self.processes)
-        proc = world.processes[victim]
-        proc.clogged_until = world.now() + CLOG_SECONDS
-        world.fault("clog", proc.label)
+    def _unclog_on_takeover(self, victim: Process, clogged_at: float) -> Callable[[Any], bool]:
+        """A commit listener: the first commit by another process after the clog is the takeover
+        claim (the scenario has one run); let the victim go right then, so its pending write races the
+        new owner's first write (a stale worker whose next write the ledger's fencing must refuse)."""
+
+        def listener(proc: Any) -> bool:
+            if proc is None or proc.name == victim.name:
+                return False
+            victim.unclog()
+            proc.clog(0.05)  # the new owner's next requests are slow: the stale write goes first
+            return True
+
+        return listener
 
     async def _settle_all(self) -> None:
         """Wait (as clients following each run's journal) until every acknowledged run settled."""
@@ -431,12 +451,12 @@ class DuplicateSubmission(RuntimeScenario):
 
 class StaleWorker(RuntimeScenario):
     name = "stale-worker"
-    description = "two runtimes on one store; the worker in a slow tool is cut off past its lease"
+    description = "two runtimes on one store; a worker is cut off after a tool's effect until its run is taken over"
     processes = ("p1", "p2")
     clog = True
 
     def make_turns(self) -> list[Turn]:
-        return [Turn("c1", "stale", "s1"), Turn("c2", "tool", "s2", delay=0.1)]
+        return [Turn("c1", "stale", "s1")]
 
 
 SCENARIOS: dict[str, type[Scenario]] = {

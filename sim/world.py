@@ -150,6 +150,7 @@ class Process:
         self.db = RecordingDatabase(world.engine.engine, self)
         self.dead = False
         self.clogged_until = 0.0  # kv requests wait until then (a partition: the stale-worker fault)
+        self._unclogged = trio.Event()
         self.app: Any = None
         self.ready = trio.Event()
         self.stopped = trio.Event()
@@ -182,6 +183,22 @@ class Process:
             finally:
                 self._scopes.discard(scope)
 
+    def clog(self, seconds: float) -> None:
+        """Cut this process off from the store: its kv requests wait (a partition, FDB's clogging)."""
+        self.clogged_until = self.world.now() + seconds
+        self._unclogged = trio.Event()
+        self.world.fault("clog", self.label)
+
+    def unclog(self) -> None:
+        self.clogged_until = 0.0
+        self._unclogged.set()
+        self.world.trace.add("unclog", self.label)
+
+    async def wait_unclogged(self) -> None:
+        while self.clogged_until > self.world.now():
+            with trio.move_on_after(self.clogged_until - self.world.now()):
+                await self._unclogged.wait()
+
     def check_alive(self) -> None:
         if self.dead:
             raise Crash(f"{self.label} is dead")
@@ -212,6 +229,8 @@ class World:
         self._booted: dict[str, trio.Event] = {}
         self.stopping = False
         self.effects: dict[str, int] = {}  # external effects, counted outside every process
+        # called with the committing process after each applied commit; True removes the listener
+        self.commit_listeners: list[Callable[[Any], bool]] = []
         self.finished_at = 0.0
 
     @property

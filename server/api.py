@@ -122,6 +122,7 @@ RUN_SCHEMA = {
         "created": {"type": ["number", "null"]},
         "outcome": {"type": ["object", "null"]},
         "pending_approvals": {"type": "array", "items": {"type": "string"}},
+        "cancel_requested": {"type": "boolean"},
     },
 }
 ACK_SCHEMA = {
@@ -339,6 +340,7 @@ def run_json(info: Any) -> dict[str, Any]:
         "created": info.created,
         "outcome": dict(info.outcome) if info.outcome is not None else None,
         "pending_approvals": list(info.pending_approvals),
+        "cancel_requested": bool(getattr(info, "cancel_requested", False)),
     }
 
 

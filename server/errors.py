@@ -74,6 +74,7 @@ _BY_NAME: dict[str, tuple[str, str | None]] = {
     "SubmissionConflict": ("idempotency_conflict",
                            "this Idempotency-Key was already used with a different request"),
     "ApprovalError": ("conflict", None),
+    "ConversationBusy": ("conflict", None),
     "SessionConflict": ("conflict", None),
     "InvalidState": ("conflict", None),
     "InvalidCursor": ("invalid_cursor", "not a cursor this server issued"),

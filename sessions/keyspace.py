@@ -12,8 +12,9 @@ Key (under root["s"])                       Value
 ("o", T, "cv", conv)                        CBOR {"owner": T}: the conversation exists for T
                                             (written by the first journal emit; a journal read
                                             of a conversation without it is NotFound)
-("o", T, "jn", conv, "e", <versionstamp>)   CBOR {"type", "data", "ts", "eid"}: one journal
-                                            event; the 12-byte versionstamp (10 commit + 2
+("o", T, "jn", conv, "e", <versionstamp>)   CBOR [type, data, ts, eid]: one journal event
+                                            (eid: null, or the id a guarded writer looks for);
+                                            the 12-byte versionstamp (10 commit + 2
                                             per-transaction order) *is* the event's position
 ("o", T, "jn", conv, "n")                   int64 LE: events ever emitted (atomic add; watched
                                             by followers; never decreases, so no ABA)

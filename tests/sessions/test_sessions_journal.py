@@ -250,3 +250,15 @@ def test_hand_built_event_keys_are_tuple_layer_keys():
     key = sub.pack((Versionstamp(stamp, 7),))
     assert _position_of(sub.raw_prefix, key) == stamp + (7).to_bytes(2, "big")
     assert kv.tuple.unpack(key[len(sub.raw_prefix):])[0].user_version == 7
+
+
+async def test_follow_on_behind_continue_resumes_from_first_retained(db):
+    j = Sessions(db, retention=5).journal
+    cursors = [await j.emit_one(OWNER, "c", events.PART_UPDATED, {"i": i}) for i in range(12)]
+    await j.trim(OWNER, "c")
+    got = []
+    async for e in j.follow(OWNER, "c", after=cursors[0], on_behind="continue"):
+        got.append(e.data["i"])
+        if len(got) == 5:
+            break
+    assert got == list(range(7, 12))

@@ -1199,6 +1199,31 @@ async def test_cancelled_committers_leave_the_pipeline_working(db):
     assert await read(db, b"after") == b"1"
 
 
+async def test_transactions_sharing_a_read_version_end_independently(db):
+    import random
+
+    rng = random.Random(3)
+    live: list[tuple[object, bytes]] = []
+    for round_ in range(30):
+        await write(db, (b"v", b"%d" % round_))
+        for _ in range(rng.randint(1, 4)):  # several transactions at this version
+            tr = db.create_transaction()
+            assert await tr.get(b"v") == b"%d" % round_
+            live.append((tr, b"%d" % round_))
+        rng.shuffle(live)
+        for _ in range(rng.randint(0, len(live))):  # end some, in any order, any way
+            tr, _seen = live.pop()
+            how = rng.randrange(3)
+            if how == 0:
+                tr.cancel()
+            elif how == 1:
+                tr.reset()
+            else:
+                await tr.commit()
+        for tr, seen in live:  # the others still read their own snapshot
+            assert await tr.get(b"v") == seen
+
+
 async def test_async_with_closes(backend, tmp_path):
     db = await open_backend(backend, tmp_path / "data")
     async with db:

@@ -81,6 +81,10 @@ class RunStopped(Exception):
     """Internal: this worker stops driving the run (parked, settled elsewhere, state moved)."""
 
 
+class _CancelSeen(Exception):
+    """Internal: the cancel record was seen inside a transaction that must not proceed."""
+
+
 class _StateMoved(Exception):
     """The loop state changed under us although our lease check passed (should not happen)."""
 
@@ -133,6 +137,7 @@ class Runner:
         self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
+        self._txn_cancel = False  # the cancel record as read by the current commit attempt
 
     # ------------------------------------------------------------------ entry
 
@@ -215,8 +220,16 @@ class Runner:
         append: Sequence[dict[str, Any]] = (),
         events: Callable[[int], Sequence[tuple[str, Any]]] | Sequence[tuple[str, Any]] = (),
         extra: Callable[[Any, LoopState], Awaitable[None]] | None = None,
-    ) -> None:
+        abort_on_cancel: bool = False,
+    ) -> bool:
         """One guarded, lease-checked transaction: append, update the loop state, journal.
+
+        The run's cancel record is read in every attempt (a cancel committed
+        meanwhile makes the attempt conflict and retry); while ``mutate``,
+        ``events`` and ``extra`` run, ``self._txn_cancel`` says whether it is
+        set, so a commit that would settle settles cancelled instead, and one
+        that would start a tool doesn't.  With ``abort_on_cancel`` the commit is
+        abandoned instead (returns False; the loop then finalises as cancelled).
 
         ``events`` may be a function of the first appended message's sequence
         number.  Guard: the state's ``ver`` must be what this runner last
@@ -238,8 +251,11 @@ class Runner:
                     if st is not None and st.ver == expected_ver + 1 and st.tok == token:
                         return st  # our own commit, seen again after commit_unknown_result
                     raise _StateMoved(f"loop state of {self.run_id} moved")
-                if await store.cancel_requested(tr, self.run_id):
+                self._txn_cancel = await store.cancel_requested(tr, self.run_id)
+                if self._txn_cancel:
                     self._note_cancel()
+                    if abort_on_cancel:
+                        raise _CancelSeen()
                 if append:
                     await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq)
                 if mutate is not None:
@@ -261,8 +277,11 @@ class Runner:
                     self.state = await self.store.db.transact(fn)
             except _StateMoved as e:
                 raise RunStopped(str(e)) from None
+            except _CancelSeen:
+                return False
             self.messages.extend(dict(m) for m in append)
             self.head += len(append)
+            return True
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
         out = []
@@ -280,8 +299,10 @@ class Runner:
 
     async def _begin(self) -> None:
         store = self.store
-        raw, self.messages = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
+        raw, self.messages, cancel = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
         self.head = len(self.messages)
+        if cancel:
+            self._note_cancel()
         if raw is None:
             await self._begin_fresh()
         else:
@@ -519,7 +540,7 @@ class Runner:
         def mutate(s: LoopState) -> None:
             s.model_calls = call_no
             s.retries, s.next_attempt_at, s.compactions = 0, None, 0
-            if start_first is not None:
+            if start_first is not None and not self._txn_cancel:
                 s.calls[start_first["id"]] = {"state": CALL_STARTED, "name": start_first["name"]}
 
         def events(first_seq: int) -> list[tuple[str, Any]]:
@@ -529,7 +550,7 @@ class Runner:
             out.extend(self._message_events(first_seq, appended))
             if usage:
                 out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": f"model-{call_no}", "usage": usage}))
-            if start_first is not None:
+            if start_first is not None and not self._txn_cancel:
                 out.append(self._tool_started_event(start_first))
             return out
 
@@ -537,13 +558,14 @@ class Runner:
             if usage:
                 await self.store.record_usage(tr, self.claim, f"model-{call_no}", usage)
             if final_outcome is not None:
-                await self.store.settle(tr, self.claim, final_outcome)
+                # A cancel seen here wins over the answer (which stays in the transcript).
+                await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else final_outcome)
 
         await self._commit(mutate, append=appended, events=events, extra=extra)
-        if start_first is not None:
+        if start_first is not None and (self.state.calls.get(start_first["id"]) or {}).get("state") == CALL_STARTED:  # type: ignore[union-attr]
             self._started_here.add(start_first["id"])
         if final_outcome is not None:
-            raise RunStopped(f"settled {final_outcome['status']}")
+            raise RunStopped("settled")
 
     def _final_outcome(self, msg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
         text = M.text_of(msg)
@@ -635,7 +657,8 @@ class Runner:
             def mutate(s: LoopState) -> None:
                 s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_STARTED, "name": name}
 
-            await self._commit(mutate, events=[self._tool_started_event(call)])
+            if not await self._commit(mutate, events=[self._tool_started_event(call)], abort_on_cancel=True):
+                return  # cancelled: the loop finalises without running the tool
             self._started_here.add(cid)
         ctx = ToolContext(
             run_id=self.run_id, conversation=self.conv, call_id=cid, tool_name=name,
@@ -669,7 +692,7 @@ class Runner:
             s.calls[cid] = {**(s.calls.get(cid) or {}), "state": CALL_DONE, "name": name}
             if reason:
                 s.calls[cid]["reason"] = reason
-            if nxt is not None:
+            if nxt is not None and not self._txn_cancel:
                 s.calls[nxt["id"]] = {"state": CALL_STARTED, "name": nxt["name"]}
 
         def events(first_seq: int) -> list[tuple[str, Any]]:
@@ -679,12 +702,12 @@ class Runner:
                 done["reason"] = reason
             out = [(E.TOOL_COMPLETED, done)]
             out.extend(self._message_events(first_seq, [msg]))
-            if nxt is not None:
+            if nxt is not None and not self._txn_cancel:
                 out.append(self._tool_started_event(nxt))
             return out
 
         await self._commit(mutate, append=[msg], events=events)
-        if nxt is not None:
+        if nxt is not None and (self.state.calls.get(nxt["id"]) or {}).get("state") == CALL_STARTED:  # type: ignore[union-attr]
             self._started_here.add(nxt["id"])
 
     async def _park(self, call: dict[str, Any]) -> None:
@@ -696,13 +719,14 @@ class Runner:
         async def extra(tr: Any, s: LoopState) -> None:
             await self.store.park(tr, self.claim, [cid])
 
-        await self._commit(
+        if await self._commit(
             mutate,
             events=[(E.APPROVAL_REQUESTED, {"run_id": self.run_id, "call_id": cid, "name": name,
                                             "arguments": call.get("arguments") or {}})],
             extra=extra,
-        )
-        raise RunStopped("parked for approval")
+            abort_on_cancel=True,
+        ):
+            raise RunStopped("parked for approval")
 
     # ------------------------------------------------------------------ endings
 
@@ -711,10 +735,10 @@ class Runner:
         appended = [{"role": "error", "error": error}] if error_message else []
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, outcome)
+            await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else outcome)
 
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
-        raise RunStopped("settled failed")
+        raise RunStopped("settled")
 
     async def _finish_completed(self, msg: dict[str, Any], a: int) -> None:
         """Recovery path: the final answer was persisted but the run not settled."""
@@ -722,10 +746,10 @@ class Runner:
         appended = [error_msg] if error_msg is not None else []
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, outcome)
+            await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else outcome)
 
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
-        raise RunStopped(f"settled {outcome['status']}")
+        raise RunStopped("settled")
 
     async def _finish_cancelled(self) -> None:
         st = self.state

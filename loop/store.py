@@ -93,22 +93,26 @@ class Store:
         """Create the conversation's session if missing (idempotent)."""
         await self.transcripts.create_tr(tr, owner, conv)
 
-    async def read_state_and_transcript(self, run_id: str, owner: str, conv: str) -> tuple[bytes | None, list[dict[str, Any]]]:
-        """The run's loop state and the whole transcript, in one read-only transaction when it fits a page."""
+    async def read_state_and_transcript(
+        self, run_id: str, owner: str, conv: str
+    ) -> tuple[bytes | None, list[dict[str, Any]], bool]:
+        """The run's loop state, the whole transcript and whether a cancel is requested,
+        in one read-only transaction when the transcript fits a page."""
         from sessions.transcript import MAX_READ_PAGE
 
-        async def fn(tr: Any) -> tuple[bytes | None, list[dict[str, Any]] | None]:
+        async def fn(tr: Any) -> tuple[bytes | None, list[dict[str, Any]] | None, bool]:
             raw = await tr.get(self.loop_keys.state(run_id))
+            cancel = await self.ledger.is_cancel_requested(tr, run_id)
             try:
                 page = await self.transcripts.read_tr(tr, owner, conv, 0, MAX_READ_PAGE)
             except SessionNotFound:
-                return raw, []
-            return raw, ([m.data for m in page.messages] if page.next_seq is None else None)
+                return raw, [], cancel
+            return raw, ([m.data for m in page.messages] if page.next_seq is None else None), cancel
 
-        raw, msgs = await self.db.transact(fn)
+        raw, msgs, cancel = await self.db.transact(fn)
         if msgs is None:  # longer than a page: read it page by page
             msgs = await self.read_transcript(owner, conv)
-        return raw, msgs
+        return raw, msgs, cancel
 
     async def read_transcript(self, owner: str, conv: str, start: int = 0) -> list[dict[str, Any]]:
         try:

@@ -15,6 +15,10 @@ disagree about which routes exist, their parameters or their schemas.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -36,6 +40,11 @@ from .limits import (
     MAX_MESSAGE_BYTES,
     MAX_MESSAGE_PARTS,
     MAX_REASON,
+    MAX_ATTACHMENT_BYTES,
+    MAX_FILENAME,
+    MAX_INSTRUCTIONS,
+    MAX_PROJECT_NAME,
+    MAX_REQUEST_BYTES,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,7 @@ __all__ = ["Api", "ApiRequest", "ApiResponse", "Route", "ROUTES", "SSE_MEDIA_TYP
 SSE_MEDIA_TYPE = "text/event-stream"
 JSON_MEDIA_TYPE = "application/json"
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
+_MEDIA_TYPE_RE = re.compile(r"^[!-~]+/[!-~]+$")
 
 
 @dataclass
@@ -62,16 +72,21 @@ class ApiResponse:
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     stream: AsyncIterator[bytes] | None = None  # an SSE body instead of JSON
-    raw: bytes | None = None                    # pre-encoded body (errors)
+    raw: bytes | None = None                    # pre-encoded body (errors, attachment content)
+    content_type: str | None = None             # for raw bodies that are not JSON
 
     def body_bytes(self) -> bytes:
+        if self.status == 204:
+            return b""
         if self.raw is not None:
             return self.raw
         return json.dumps(self.json, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
     @property
     def media_type(self) -> str:
-        return SSE_MEDIA_TYPE if self.stream is not None else JSON_MEDIA_TYPE
+        if self.stream is not None:
+            return SSE_MEDIA_TYPE
+        return self.content_type or JSON_MEDIA_TYPE
 
 
 def error_response(e: ApiError) -> ApiResponse:
@@ -97,6 +112,7 @@ class Route:
     headers: tuple[tuple[str, Mapping[str, Any], str], ...] = ()
     errors: tuple[int, ...] = ()
     sse: bool = False
+    binary: bool = False  # success body is the resource's own bytes (its media type), not JSON
 
 
 def _str(max_len: int, min_len: int = 1) -> dict[str, Any]:
@@ -148,6 +164,24 @@ USER_MESSAGE_SCHEMA = {
             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
     },
 }
+PROJECT_SCHEMA = {
+    "type": "object", "required": ["project_id", "name", "created", "agents"],
+    "properties": {"project_id": {"type": "string"}, "name": {"type": "string"}, "created": {"type": "number"},
+                   "agents": {"type": "object", "additionalProperties": {"type": "object"}}},
+}
+AGENT_OVERRIDES_SCHEMA = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "description": "per-owner overrides of the served agent, applied when a run in this project renders it",
+    "properties": {"instructions": {"type": "string", "maxLength": MAX_INSTRUCTIONS},
+                   "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000}},
+}
+ATTACHMENT_SCHEMA = {
+    "type": "object", "required": ["attachment_id", "state", "media_type", "size", "sha256", "created"],
+    "properties": {"attachment_id": {"type": "string"}, "state": {"type": "string"},
+                   "media_type": {"type": "string"}, "filename": {"type": ["string", "null"]},
+                   "size": {"type": ["integer", "null"]}, "sha256": {"type": ["string", "null"]},
+                   "created": {"type": "number"}},
+}
 CONV_PARAM = ("conversation_id", _str(MAX_CONVERSATION_ID), "conversation id (any characters but '/')")
 
 ROUTES: tuple[Route, ...] = (
@@ -171,6 +205,7 @@ ROUTES: tuple[Route, ...] = (
               "properties": {
                   "message": {"oneOf": [{"type": "string", "minLength": 1}, USER_MESSAGE_SCHEMA]},
                   "result_schema": {"type": "object"},
+                  "project_id": _str(MAX_ID),
               },
           },
           headers=(("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
@@ -234,6 +269,47 @@ ROUTES: tuple[Route, ...] = (
               "properties": {"run_id": {"type": "string"}, "call_id": {"type": "string"},
                              "allow": {"type": "boolean"}}})},
           errors=(400, 404, 409, 413, 415)),
+    Route("create_project", "POST", "/v1/projects", BEARER, "Create a project (a named container of conversations).",
+          request={"type": "object", "additionalProperties": False, "required": ["name"],
+                   "properties": {"name": _str(MAX_PROJECT_NAME), "project_id": _str(MAX_ID)}},
+          responses={201: ("the project", PROJECT_SCHEMA)}, errors=(400, 413, 415)),
+    Route("list_projects", "GET", "/v1/projects", BEARER, "The caller's projects.",
+          responses={200: ("projects", {"type": "object", "required": ["projects"],
+                                        "properties": {"projects": {"type": "array", "items": PROJECT_SCHEMA}}})}),
+    Route("get_project", "GET", "/v1/projects/{project_id}", BEARER, "A project and its agent overrides.",
+          responses={200: ("the project", PROJECT_SCHEMA)}, errors=(400, 404)),
+    Route("delete_project", "DELETE", "/v1/projects/{project_id}", BEARER,
+          "Delete a project (its conversations stay).", responses={204: ("deleted", None)}, errors=(400, 404)),
+    Route("list_project_conversations", "GET", "/v1/projects/{project_id}/conversations", BEARER,
+          "Conversations filed under the project (by submitting with its project_id).",
+          responses={200: ("conversation ids", {
+              "type": "object", "required": ["conversations"],
+              "properties": {"conversations": {"type": "array", "items": {"type": "string"}}}})},
+          errors=(400, 404)),
+    Route("set_agent_overrides", "PUT", "/v1/projects/{project_id}/agents/{agent}", BEARER,
+          "Set this owner's overrides of an agent for runs in the project (never changes the shared agent).",
+          request=AGENT_OVERRIDES_SCHEMA, responses={200: ("the project", PROJECT_SCHEMA)},
+          errors=(400, 404, 413, 415)),
+    Route("delete_agent_overrides", "DELETE", "/v1/projects/{project_id}/agents/{agent}", BEARER,
+          "Remove this owner's overrides of an agent in the project.",
+          responses={200: ("the project", PROJECT_SCHEMA)}, errors=(400, 404)),
+    Route("create_attachment", "POST", "/v1/attachments", BEARER,
+          f"Upload an attachment as base64 JSON (at most {MAX_ATTACHMENT_BYTES} decoded bytes; the request itself "
+          f"at most {MAX_REQUEST_BYTES} bytes).",
+          request={"type": "object", "additionalProperties": False, "required": ["data", "media_type"],
+                   "properties": {"data": {"type": "string", "contentEncoding": "base64"},
+                                  "media_type": {"type": "string", "minLength": 1, "maxLength": 255,
+                                                 "pattern": "^[!-~]+/[!-~]+$"},
+                                  "filename": _str(MAX_FILENAME),
+                                  "attachment_id": _str(MAX_ID)}},
+          responses={201: ("stored (ready)", ATTACHMENT_SCHEMA)}, errors=(400, 409, 413, 415, 422)),
+    Route("get_attachment", "GET", "/v1/attachments/{attachment_id}", BEARER, "An attachment's metadata.",
+          responses={200: ("metadata", ATTACHMENT_SCHEMA)}, errors=(400, 404)),
+    Route("get_attachment_content", "GET", "/v1/attachments/{attachment_id}/content", BEARER,
+          "An attachment's bytes, with its media type.",
+          responses={200: ("the bytes", None)}, errors=(400, 404, 409), binary=True),
+    Route("delete_attachment", "DELETE", "/v1/attachments/{attachment_id}", BEARER, "Delete an attachment.",
+          responses={204: ("deleted", None)}, errors=(400, 404)),
     Route("create_stream_token", "POST", "/v1/stream-tokens", BEARER,
           "A signed token for ?token= on the SSE route: bound to the caller (and optionally one "
           "conversation), valid 10 minutes.",
@@ -292,6 +368,16 @@ def _object(body: Any, allowed: set[str], required: set[str] = frozenset()) -> d
     if missing:
         raise _bad(f"missing field(s): {', '.join(sorted(missing))}")
     return body
+
+
+def _body_id(name: str, value: Any) -> str:
+    """An id given in a body (it will appear in URLs, so no '/')."""
+    if not isinstance(value, str):
+        raise _bad(f"{name} must be a string")
+    _check_id(name, value, MAX_ID)
+    if "/" in value:
+        raise _bad(f"{name} must not contain '/'")
+    return value
 
 
 def _user_message(message: Any) -> str | dict[str, Any]:
@@ -365,6 +451,14 @@ class Api:
         self._openapi = openapi
         self.heartbeat = heartbeat
         self.ready = True
+        from sessions.attachments import Attachments
+        from sessions.projects import Projects
+
+        root = runtime.store.root
+        now = runtime.clock.now
+        self.projects = Projects(runtime.db, root, clock=now)
+        self.attachments = Attachments(runtime.db, root, clock=now)
+        self._variants: dict[str, Any] = {}
 
     # -- the one entry point ---------------------------------------------------
 
@@ -455,8 +549,13 @@ class Api:
 
     async def submit_message(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
         conv = _check_id("conversation_id", req.params["conversation_id"], MAX_CONVERSATION_ID)
-        body = _object(body, {"message", "result_schema"}, {"message"})
+        body = _object(body, {"message", "result_schema", "project_id"}, {"message"})
         message = _user_message(body["message"])
+        project_id = None
+        agent = self.agent
+        if "project_id" in body:
+            project_id = _body_id("project_id", body["project_id"])
+            agent = await self._agent_for_project(principal.owner, project_id)
         schema = body.get("result_schema")
         if "result_schema" in body and not isinstance(schema, dict):
             raise _bad("result_schema must be a JSON schema object")
@@ -465,8 +564,10 @@ class Api:
             key = uuid.uuid4().hex
         elif not (0 < len(key) <= MAX_IDEMPOTENCY_KEY and _IDEMPOTENCY_KEY_RE.match(key)):
             raise _bad(f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} printable ASCII characters, no spaces")
-        ack = await self.rt.submit(self.agent, conv, message, submission_id=key, result_schema=schema,
+        ack = await self.rt.submit(agent, conv, message, submission_id=key, result_schema=schema,
                                    owner=principal.owner)
+        if project_id is not None:
+            await self.projects.add_session(principal.owner, project_id, conv)  # idempotent
         if ack.duplicate:
             # The ledger's request hash covers the delivery, not the conversation: the same key
             # reused for another conversation is a different request too.
@@ -584,6 +685,131 @@ class Api:
             raise _bad(f"reason must be a string of at most {MAX_REASON} characters")
         await self.rt.approve(run_id, call_id, allow, reason, owner=principal.owner)
         return ApiResponse(200, {"run_id": run_id, "call_id": call_id, "allow": allow})
+
+    # -- projects and per-owner agent configuration ---------------------------
+
+    async def _agent_for_project(self, owner: str, project_id: str) -> Any:
+        """The served agent as this owner configured it for the project (a derived agent, never the shared one)."""
+        overrides = await self.projects.agent_overrides(owner, project_id, self.agent.name)
+        if not overrides:
+            return self.agent
+        digest = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:16]
+        name = f"{self.agent.name}~{digest}"
+        variant = self._variants.get(name)
+        if variant is None:
+            changes: dict[str, Any] = {"name": name}
+            if "instructions" in overrides:
+                changes["instructions"] = overrides["instructions"]
+            if "max_tokens" in overrides:
+                changes["max_tokens"] = overrides["max_tokens"]
+            variant = dataclasses.replace(self.agent, **changes)
+            self._variants[name] = variant
+        return variant
+
+    @staticmethod
+    def _project_json(info: Any) -> dict[str, Any]:
+        return _jsonable({"project_id": info.id, "name": info.name, "created": info.created,
+                          "agents": dict(info.agents)})
+
+    async def create_project(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
+        body = _object(body, {"name", "project_id"}, {"name"})
+        name = body["name"]
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_PROJECT_NAME:
+            raise _bad(f"name must be 1..{MAX_PROJECT_NAME} characters")
+        pid = _body_id("project_id", body["project_id"]) if "project_id" in body else None
+        info = await self.projects.create(principal.owner, name, project_id=pid)
+        return ApiResponse(201, self._project_json(info), {"Location": f"/v1/projects/{info.id}"})
+
+    async def list_projects(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        return ApiResponse(200, {"projects": [self._project_json(p) for p in await self.projects.list(principal.owner)]})
+
+    async def get_project(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        pid = _check_id("project_id", req.params["project_id"], MAX_ID)
+        return ApiResponse(200, self._project_json(await self.projects.get(principal.owner, pid)))
+
+    async def delete_project(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        pid = _check_id("project_id", req.params["project_id"], MAX_ID)
+        await self.projects.delete(principal.owner, pid)
+        return ApiResponse(204)
+
+    async def list_project_conversations(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        pid = _check_id("project_id", req.params["project_id"], MAX_ID)
+        return ApiResponse(200, {"conversations": list(await self.projects.sessions(principal.owner, pid))})
+
+    async def set_agent_overrides(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
+        pid = _check_id("project_id", req.params["project_id"], MAX_ID)
+        agent = _check_id("agent", req.params["agent"], MAX_ID)
+        body = _object(body, {"instructions", "max_tokens"})
+        if not body:
+            raise _bad("give at least one of: instructions, max_tokens")
+        if "instructions" in body and (not isinstance(body["instructions"], str)
+                                       or len(body["instructions"]) > MAX_INSTRUCTIONS):
+            raise _bad(f"instructions must be a string of at most {MAX_INSTRUCTIONS} characters")
+        if "max_tokens" in body:
+            mt = body["max_tokens"]
+            if isinstance(mt, float) and mt.is_integer():
+                body["max_tokens"] = mt = int(mt)
+            if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 1_000_000:
+                raise _bad("max_tokens must be an integer in 1..1000000")
+        info = await self.projects.set_agent_overrides(principal.owner, pid, agent, body)
+        return ApiResponse(200, self._project_json(info))
+
+    async def delete_agent_overrides(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        pid = _check_id("project_id", req.params["project_id"], MAX_ID)
+        agent = _check_id("agent", req.params["agent"], MAX_ID)
+        info = await self.projects.set_agent_overrides(principal.owner, pid, agent, None)
+        return ApiResponse(200, self._project_json(info))
+
+    # -- attachments -----------------------------------------------------------
+
+    @staticmethod
+    def _attachment_json(info: Any) -> dict[str, Any]:
+        return {"attachment_id": info.id, "state": info.state, "media_type": info.media_type,
+                "filename": info.filename, "size": info.size, "sha256": info.sha256, "created": info.created}
+
+    async def create_attachment(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
+        body = _object(body, {"data", "media_type", "filename", "attachment_id"}, {"data", "media_type"})
+        data, media_type = body["data"], body["media_type"]
+        if not isinstance(data, str):
+            raise _bad("data must be a base64 string")
+        if not isinstance(media_type, str) or len(media_type) > 255 or not _MEDIA_TYPE_RE.match(media_type):
+            raise _bad("media_type must be a type/subtype of printable ASCII")
+        filename = body.get("filename")
+        if "filename" in body and (not isinstance(filename, str) or not 0 < len(filename) <= MAX_FILENAME):
+            raise _bad(f"filename must be 1..{MAX_FILENAME} characters")
+        aid = _body_id("attachment_id", body["attachment_id"]) if "attachment_id" in body else None
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("unprocessable", "data is not valid base64") from None
+        if len(raw) > MAX_ATTACHMENT_BYTES:
+            over = len(raw) - MAX_ATTACHMENT_BYTES
+            raise ApiError("payload_too_large",
+                           f"attachment of {len(raw)} decoded bytes exceeds the {MAX_ATTACHMENT_BYTES}-byte "
+                           f"attachment limit by {over} bytes",
+                           extra={"limit": "attachment", "limit_bytes": MAX_ATTACHMENT_BYTES, "over_by_bytes": over})
+        info = await self.attachments.upload(principal.owner, raw, media_type=media_type, filename=filename,
+                                             attachment_id=aid)
+        if info.sha256 != hashlib.sha256(raw).hexdigest():
+            raise ApiError("idempotency_conflict", "this attachment_id already holds different content")
+        return ApiResponse(201, self._attachment_json(info), {"Location": f"/v1/attachments/{info.id}"})
+
+    async def get_attachment(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        aid = _check_id("attachment_id", req.params["attachment_id"], MAX_ID)
+        return ApiResponse(200, self._attachment_json(await self.attachments.get(principal.owner, aid)))
+
+    async def get_attachment_content(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        aid = _check_id("attachment_id", req.params["attachment_id"], MAX_ID)
+        info = await self.attachments.get(principal.owner, aid)
+        data = await self.attachments.read(principal.owner, aid)
+        return ApiResponse(200, raw=data, content_type=info.media_type,
+                           headers={"X-Content-Type-Options": "nosniff",
+                                    "Content-Disposition": "attachment"})
+
+    async def delete_attachment(self, principal: Principal, req: ApiRequest, body: None) -> ApiResponse:
+        aid = _check_id("attachment_id", req.params["attachment_id"], MAX_ID)
+        await self.attachments.delete(principal.owner, aid)
+        return ApiResponse(204)
 
     # -- stream tokens ---------------------------------------------------------
 

@@ -64,7 +64,7 @@ def _to_quart(resp: ApiResponse) -> Response:
         r = Response(resp.stream, status=resp.status, headers=resp.headers, mimetype="text/event-stream")
         r.timeout = None  # an SSE stream lives as long as its client (Quart's RESPONSE_TIMEOUT is 60 s)
         return r
-    return Response(resp.body_bytes(), status=resp.status, headers=resp.headers, content_type="application/json")
+    return Response(resp.body_bytes(), status=resp.status, headers=resp.headers, content_type=resp.media_type)
 
 
 def create_app(api: Api) -> QuartTrio:

@@ -21,6 +21,12 @@ MAX_CONVERSATION_ID = 512
 MAX_ID = 256
 #: Idempotency-Key header (the submission id).
 MAX_IDEMPOTENCY_KEY = 255
+#: Project names (sessions.projects.MAX_PROJECT_NAME).
+MAX_PROJECT_NAME = 256
+#: Attachment file names.
+MAX_FILENAME = 255
+#: Per-owner instructions override.
+MAX_INSTRUCTIONS = 32 * KiB
 #: Free-text reasons (approval decisions).
 MAX_REASON = 4_096
 #: Page sizes of list routes.

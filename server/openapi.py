@@ -61,6 +61,13 @@ def _operation(route: Route) -> dict[str, Any]:
                              "content": {"application/json": {"schema": dict(route.request)}}}
     responses: dict[str, Any] = {}
     for status, (desc, schema) in sorted(route.responses.items()):
+        if status == 204:
+            responses[str(status)] = {"description": desc}
+            continue
+        if route.binary:
+            responses[str(status)] = {"description": desc,
+                                      "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}}
+            continue
         content: dict[str, Any] = {"application/json": {"schema": schema or {}}}
         if route.sse:
             content["text/event-stream"] = {"schema": {

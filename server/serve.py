@@ -71,9 +71,13 @@ async def run_server(
     shutdown: trio.Event,
     heartbeat: float = sse.HEARTBEAT_SECONDS,
     graceful: float = GRACEFUL_SECONDS,
+    expose: dict[str, Any] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``runtime`` over HTTP until ``shutdown`` is set; ``task_status.started(base_url)``."""
+    """Serve ``runtime`` over HTTP until ``shutdown`` is set; ``task_status.started(base_url)``.
+
+    ``expose``, if given, receives the transport-free ``Api`` under "api" (for other fronts and tests).
+    """
     async with trio.open_nursery() as nursery:
         hubs = sse.Hubs(
             nursery,
@@ -82,6 +86,8 @@ async def run_server(
         )
         api = Api(runtime, authenticator, agent=agent, hubs=hubs, openapi=build_openapi, heartbeat=heartbeat)
         app = create_app(api)
+        if expose is not None:
+            expose["api"] = api
         config = hypercorn_config(host, port, backlog=backlog, graceful=graceful)
 
         async def shutdown_trigger() -> None:

@@ -26,6 +26,7 @@ class Served:
     rt: Any
     auth: Authenticator
     shutdown: trio.Event
+    api: Any = None
 
     def client(self, token: str | None = TOKEN, **kw: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -43,11 +44,12 @@ async def serving(url: str = "memory:", *, auth: AuthConfig | None = None, agent
     async with Runtime.open(url, workers=workers, agents=[agent], **rt_kw) as rt:
         async with trio.open_nursery() as nursery:
             shutdown = trio.Event()
+            exposed: dict = {}
             base = await nursery.start(lambda task_status: run_server(
                 rt, authenticator, agent=agent, host="127.0.0.1", port=0, shutdown=shutdown,
-                heartbeat=heartbeat, graceful=1.0, task_status=task_status))
+                heartbeat=heartbeat, graceful=1.0, expose=exposed, task_status=task_status))
             try:
-                yield Served(base, rt, authenticator, shutdown)
+                yield Served(base, rt, authenticator, shutdown, exposed["api"])
             finally:
                 shutdown.set()
 

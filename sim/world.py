@@ -47,6 +47,8 @@ T = TypeVar("T")
 
 # Virtual wall time starts here (2026-01-01T00:00:00Z) so records look like real timestamps.
 SIM_EPOCH = 1_767_225_600.0
+# The pid every simulated process reports (worker ids embed it).
+SIM_PID = 4242
 # A restarted process comes back after this much virtual time (a supervisor's restart delay).
 RESTART_DELAY_SECONDS = 0.5
 # Hard stop for one run in virtual time: a run that has not quiesced by then is a liveness failure.
@@ -85,7 +87,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
     seeded / virtual versions and restores them afterwards.
     """
     saved = (os.urandom, random.Random.seed, time.time, time.monotonic,
-             _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r.getstate())
+             _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r.getstate(), os.getpid)
     orig_seed = random.Random.seed
     rng = world.rng
 
@@ -104,6 +106,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
         return world.now()
 
     os.urandom = urandom
+    os.getpid = lambda: SIM_PID  # ids that embed the pid (worker names) must not differ between replays
     random.Random.seed = seed  # type: ignore[method-assign]
     time.time = wall
     time.monotonic = mono
@@ -115,6 +118,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
         os.urandom, random.Random.seed, time.time, time.monotonic = saved[:4]  # type: ignore[method-assign]
         _trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[4]  # type: ignore[misc]
         _trio_run._r.setstate(saved[5])
+        os.getpid = saved[6]
 
 
 class Trace:

@@ -1,0 +1,20 @@
+"""Bugs the simulator found in other packages, kept as regression tests once fixed.
+
+(A bug still open is pinned here as ``xfail(strict=True)`` with its replay command, and its
+(scenario, invariant) pair listed in ``KNOWN_BUGS`` of test_sim_ci.py.)
+"""
+
+from __future__ import annotations
+
+from sim.session import run_session
+
+
+def test_an_acknowledged_cancel_survives_a_crash():
+    """Found by ``surefoot sim --scenario cancel --seed 1 --crash-after 8`` (cancel_is_durable, promise 7):
+    a run whose cancel was acknowledged settled *completed* when the process crashed after the tool's
+    result and the next attempt drove on. Fixed in loop 5a46a81 (a cancel seen inside a commit wins;
+    the begin read reads the cancel record)."""
+    for seed in (1, 2):
+        summary = run_session(["cancel"], seed, exhaustive_mode=True)
+        assert summary.ok, [f.command for f in summary.failures]
+        assert summary.crash_points >= 10

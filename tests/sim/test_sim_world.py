@@ -1,0 +1,152 @@
+"""The simulated world: determinism, process-state hygiene, crash semantics, BUGGIFY, the kv oracle."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from trio._core import _run as trio_run
+
+import kv
+from sim import FaultPlan, Scenario, World, run_once
+from sim.faults import BUGGIFY_ENABLE, BUGGIFY_FIRE, Buggify
+from sim.harness import random_plan
+from sim.kvworkloads import CycleScenario, OutboxScenario
+from sim.scenarios import SCENARIOS
+from sim.world import ProcessDied
+
+
+@pytest.mark.parametrize("name", ["kv-cycle", "kv-outbox", "tool", "concurrent", "stale-worker"])
+def test_same_seed_same_trace_different_seed_different_trace(name):
+    factory = {"kv-cycle": CycleScenario, "kv-outbox": OutboxScenario}.get(name) or SCENARIOS[name]
+    a = run_once(factory, 11, random_plan(11))
+    b = run_once(factory, 11, random_plan(11))
+    c = run_once(factory, 12, random_plan(12))
+    assert a.trace == b.trace and a.commits == b.commits and a.faults == b.faults
+    assert a.trace != c.trace
+
+
+def test_determinism_across_processes_and_hash_seeds():
+    """The private trio scheduler hooks (pinned trio range) give byte-identical traces in fresh processes."""
+    code = ("import logging; logging.disable(logging.CRITICAL)\n"
+            "from sim import run_once; from sim.harness import random_plan; from sim.scenarios import SCENARIOS\n"
+            "print(run_once(SCENARIOS['concurrent'], 5, random_plan(5)).trace)")
+    outs = set()
+    for hashseed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=hashseed)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        assert out.returncode == 0, out.stderr
+        outs.add(out.stdout.strip())
+    assert len(outs) == 1
+
+
+def test_process_globals_are_restored_after_a_run():
+    saved = (os.urandom, time.time, time.monotonic, random.Random.seed, trio_run._ALLOW_DETERMINISTIC_SCHEDULING)
+    run_once(OutboxScenario, 3, random_plan(3))
+    assert (os.urandom, time.time, time.monotonic, random.Random.seed,
+            trio_run._ALLOW_DETERMINISTIC_SCHEDULING) == saved
+    assert len({os.urandom(8) for _ in range(3)}) == 3
+
+
+def test_buggify_enables_a_quarter_of_sites_and_fires_a_quarter_of_the_time():
+    b = Buggify(random.Random(1), enabled=True)
+    fired = [sum(b(f"site-{i}") for _ in range(200)) for i in range(400)]
+    on = [n for n in fired if n > 0]
+    assert abs(len(on) / 400 - BUGGIFY_ENABLE) < 0.07
+    assert abs(sum(on) / (len(on) * 200) - BUGGIFY_FIRE) < 0.03
+    off = Buggify(random.Random(1), enabled=False)
+    assert not any(off("x") for _ in range(100))
+
+
+class _OneWrite(Scenario):
+    """A client writes one key through the process; used to pin crash semantics."""
+
+    name = "one-write"
+
+    def __init__(self, world):
+        super().__init__(world)
+        self.outcome = None
+
+    @asynccontextmanager
+    async def boot(self, proc):
+        yield proc.db
+
+    async def drive(self):
+        async def write(db):
+            async def fn(tr):  # idempotent: a blind set
+                tr.set(b"k", b"v")
+            await db.transact(fn)
+
+        try:
+            await self.world.call("p1", write)
+            self.outcome = "acknowledged"
+        except ProcessDied:
+            self.outcome = "died"
+
+    async def check(self, checker):
+        async def read(tr):
+            return await tr.get(b"k")
+        self.stored = await checker.db.transact(read)
+
+
+@pytest.mark.parametrize("when,stored", [("before", None), ("after", b"v")])
+def test_crash_before_a_write_loses_it_and_after_keeps_it_unheard(when, stored):
+    seen = {}
+
+    def factory(world):
+        seen["s"] = _OneWrite(world)
+        return seen["s"]
+
+    r = run_once(factory, 1, FaultPlan().with_crash(1, when))
+    s = seen["s"]
+    assert s.outcome == "died" and s.stored == stored
+    assert r.crashes == 1 and r.restarts == 1 and r.ok
+    r0 = run_once(factory, 1)
+    assert seen["s"].outcome == "acknowledged" and seen["s"].stored == b"v" and r0.writes == 1
+
+
+def test_exhaustive_counts_every_write_and_crashes_at_each(monkeypatch):
+    from sim import exhaustive
+
+    results = list(exhaustive(OutboxScenario, 2))
+    base, crashes = results[0], results[1:]
+    assert len(crashes) == 2 * base.writes and base.writes > 5
+    assert [r.plan.crash_at for r in crashes] == [k for k in range(1, base.writes + 1) for _ in (0, 1)]
+    assert all(r.ok for r in results) and all(r.crashes == 1 for r in crashes)
+
+
+def test_oracle_names_a_broken_resolver_with_its_seed(monkeypatch):
+    monkeypatch.setattr(kv.resolver.Resolver, "conflicts", lambda self, *a: False)
+    bad = [r for s in range(1, 9) if not (r := run_once(CycleScenario, s, random_plan(s))).ok]
+    assert bad, "lost conflicts went unnoticed"
+    names = {v.invariant for r in bad for v in r.violations}
+    assert "kv_serializable" in names and "cycle_intact" in names
+
+
+def test_an_application_that_dies_on_its_own_is_reported():
+    class Broken(_OneWrite):
+        @asynccontextmanager
+        async def boot(self, proc):
+            if proc.incarnation == 1:
+                raise ValueError("boom at boot")
+            yield proc.db
+
+    r = run_once(Broken, 1)
+    assert [v.invariant for v in r.violations] == ["no_unexpected_exception"]
+    assert "ValueError: boom at boot" in r.violations[0].detail and r.restarts == 1
+
+
+def test_a_run_that_never_quiesces_is_a_liveness_failure():
+    class Stuck(_OneWrite):
+        async def quiesce(self):
+            await trio.sleep_forever()
+
+    r = run_once(Stuck, 1)
+    assert [v.invariant for v in r.violations] == ["quiescence"]

@@ -537,3 +537,23 @@ async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
             info = await rt_b.get_run(ack.run_id)
             assert info.status == "completed" and info.attempt == 2
             assert roles(await rt_b.transcript("fence")) == roles(msgs)  # A wrote nothing after
+
+
+async def test_cancel_from_another_process_during_the_final_answer_wins(autojump_clock):
+    """A cancel acknowledged while the final answer streams ends the run cancelled, never completed
+    (the runner sees the cancel record in the settling transaction, or polls it first)."""
+    import kv
+
+    engine = kv.MemoryEngine()
+    model = ScriptedModel(["a long final answer " * 20], chunk=4, delay=0.01)
+    agent = Agent("c", model=model)
+    async with Runtime.open(db=engine.database()) as rt_a, Runtime.open(db=engine.database(), workers=0) as rt_b:
+        ack = await rt_a.submit(agent, "xproc", "go")
+        while not model.calls:
+            await trio.sleep(0.001)
+        info = await rt_b.cancel(ack.run_id)  # another process: no in-process notice to rt_a
+        assert info.status == "running" and info.cancel_requested
+        out = await rt_a.wait(ack)
+        assert out.status == "cancelled"
+        evs = await all_events(rt_a, "xproc")
+        assert "run.completed" not in types(evs) and types(evs)[-1] == "run.cancelled"

@@ -44,6 +44,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import kv
+from sessions.codec import fastpack
 
 #: Packed keys are pure functions of their parts; tuple packing costs tens of
 #: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
@@ -55,23 +56,24 @@ __all__ = ["LedgerKeyspace"]
 class LedgerKeyspace:
     """Key constructors for the table above. Pure; no I/O."""
 
-    __slots__ = ("root", "base", "_blen")
+    __slots__ = ("root", "base", "_blen", "_b")
 
     def __init__(self, root: "kv.Subspace | None" = None) -> None:
         self.root = root if root is not None else kv.Subspace((b"surefoot",))
         self.base = self.root["l"]
+        self._b = self.base.key()
         self._blen = len(self.base.key())
 
     def unpack(self, key: bytes) -> tuple:
         return kv.tuple.unpack(key[self._blen:])
 
     def _sub(self, t: tuple) -> "kv.Subspace":
-        return kv.Subspace(raw_prefix=self.base.pack(t))
+        return kv.Subspace(raw_prefix=fastpack(self._b, t))
 
     # submissions
     @lru_cache(maxsize=_CACHE)
     def submission(self, tag: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "sub", sid))
+        return fastpack(self._b, ("o", tag, "sub", sid))
 
     @lru_cache(maxsize=_CACHE)
     def submission_body(self, tag: str, sid: str) -> "kv.Subspace":
@@ -79,16 +81,16 @@ class LedgerKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def submission_cursor(self, tag: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "sbc", sid))
+        return fastpack(self._b, ("o", tag, "sbc", sid))
 
     # conversations
     @lru_cache(maxsize=_CACHE)
     def conversation_state(self, tag: str, conv: str) -> bytes:
-        return self.base.pack(("o", tag, "cs", conv))
+        return fastpack(self._b, ("o", tag, "cs", conv))
 
     @lru_cache(maxsize=_CACHE)
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
-        return self.base.pack(("o", tag, "q", conv, seq))
+        return fastpack(self._b, ("o", tag, "q", conv, seq))
 
     @lru_cache(maxsize=_CACHE)
     def fifo_range(self, tag: str, conv: str) -> slice:
@@ -96,7 +98,7 @@ class LedgerKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def history(self, tag: str, conv: str, seq: int) -> bytes:
-        return self.base.pack(("o", tag, "h", conv, seq))
+        return fastpack(self._b, ("o", tag, "h", conv, seq))
 
     @lru_cache(maxsize=_CACHE)
     def history_range(self, tag: str, conv: str) -> slice:
@@ -105,7 +107,7 @@ class LedgerKeyspace:
     # runs
     @lru_cache(maxsize=_CACHE)
     def run(self, run_id: str) -> bytes:
-        return self.base.pack(("run", run_id))
+        return fastpack(self._b, ("run", run_id))
 
     @lru_cache(maxsize=_CACHE)
     def outcome(self, run_id: str) -> "kv.Subspace":
@@ -113,35 +115,35 @@ class LedgerKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def lease(self, run_id: str) -> bytes:
-        return self.base.pack(("rl", run_id))
+        return fastpack(self._b, ("rl", run_id))
 
     @lru_cache(maxsize=_CACHE)
     def cancel(self, run_id: str) -> bytes:
-        return self.base.pack(("cx", run_id))
+        return fastpack(self._b, ("cx", run_id))
 
     def ready(self, ready_us: int, run_id: str) -> bytes:
-        return self.base.pack(("rd", ready_us, run_id))
+        return fastpack(self._b, ("rd", ready_us, run_id))
 
     def ready_range(self) -> slice:
         return self.base.range(("rd",))
 
     def expiry(self, expires_us: int, run_id: str) -> bytes:
-        return self.base.pack(("lx", expires_us, run_id))
+        return fastpack(self._b, ("lx", expires_us, run_id))
 
     def expiry_range(self) -> slice:
         return self.base.range(("lx",))
 
     def signal(self) -> bytes:
-        return self.base.pack(("sig",))
+        return fastpack(self._b, ("sig",))
 
     # usage
     @lru_cache(maxsize=_CACHE)
     def usage_step(self, run_id: str, step_id: str) -> bytes:
-        return self.base.pack(("u", run_id, "s", step_id))
+        return fastpack(self._b, ("u", run_id, "s", step_id))
 
     @lru_cache(maxsize=_CACHE)
     def usage_total(self, run_id: str, field: str) -> bytes:
-        return self.base.pack(("u", run_id, "t", field))
+        return fastpack(self._b, ("u", run_id, "t", field))
 
     @lru_cache(maxsize=_CACHE)
     def usage_totals_range(self, run_id: str) -> slice:

@@ -19,7 +19,7 @@ import cbor2
 import kv
 
 __all__ = [
-    "dumps", "loads", "canonical_hash", "pack_i64", "unpack_i64",
+    "fastpack", "dumps", "loads", "canonical_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size",
 ]
 
@@ -73,7 +73,7 @@ def write_chunks(tr: Any, sub: "kv.Subspace", data: bytes) -> int:
     """
     chunks = split_chunks(data)
     for i, chunk in enumerate(chunks):
-        tr.set(sub.pack((i,)), chunk)
+        tr.set(fastpack(sub.raw_prefix, (i,)), chunk)
     return len(chunks)
 
 
@@ -84,3 +84,24 @@ async def read_chunks(tr: Any, sub: "kv.Subspace") -> bytes | None:
     if not rows:
         return None
     return b"".join(row.value for row in rows)
+
+
+def _enc(part: Any) -> bytes:
+    # FoundationDB tuple encoding of one element, hand-written for the types keys use.
+    if type(part) is str:
+        return b"\x02" + part.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+    if type(part) is int and 0 <= part < 1 << 64:
+        if part == 0:
+            return b"\x14"
+        n = (part.bit_length() + 7) // 8
+        return bytes((0x14 + n,)) + part.to_bytes(n, "big")
+    if type(part) is bytes:
+        return b"\x01" + part.replace(b"\x00", b"\x00\xff") + b"\x00"
+    return kv.tuple.pack((part,))
+
+
+def fastpack(prefix: bytes, parts: tuple) -> bytes:
+    """``kv.Subspace(raw_prefix=prefix).pack(parts)``, several times faster for str,
+    bytes and non-negative int parts (tuple encoding concatenates element by
+    element); any other type goes through kv.tuple. Tests check it against kv.tuple."""
+    return prefix + b"".join([_enc(p) for p in parts])

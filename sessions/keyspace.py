@@ -47,6 +47,8 @@ from functools import lru_cache
 
 import kv
 
+from .codec import fastpack
+
 #: Packed keys are pure functions of their parts; tuple packing costs tens of
 #: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
 _CACHE = 8_192
@@ -64,16 +66,17 @@ def default_root() -> "kv.Subspace":
 class SessionsKeyspace:
     """Key constructors for the table above. Pure; no I/O."""
 
-    __slots__ = ("root", "base")
+    __slots__ = ("root", "base", "_b")
 
     def __init__(self, root: "kv.Subspace | None" = None) -> None:
         self.root = root if root is not None else default_root()
         self.base = self.root["s"]
+        self._b = self.base.key()
 
     def _sub(self, t: tuple) -> "kv.Subspace":
         # Tuple encoding concatenates, so a raw prefix of the packed tuple is the
         # same subspace as chaining ``base[a][b]...``, built once.
-        return kv.Subspace(raw_prefix=self.base.pack(t))
+        return kv.Subspace(raw_prefix=fastpack(self._b, t))
 
     # -- owners -------------------------------------------------------------
     @lru_cache(maxsize=_CACHE)
@@ -83,7 +86,7 @@ class SessionsKeyspace:
     # -- conversations and journal -----------------------------------------
     @lru_cache(maxsize=_CACHE)
     def conversation(self, tag: str, conv: str) -> bytes:
-        return self.base.pack(("o", tag, "cv", conv))
+        return fastpack(self._b, ("o", tag, "cv", conv))
 
     @lru_cache(maxsize=_CACHE)
     def conversations_range(self, tag: str) -> slice:
@@ -96,24 +99,24 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def emitted(self, tag: str, conv: str) -> bytes:
-        return self.base.pack(("o", tag, "jn", conv, "n"))
+        return fastpack(self._b, ("o", tag, "jn", conv, "n"))
 
     @lru_cache(maxsize=_CACHE)
     def trimmed(self, tag: str, conv: str) -> bytes:
-        return self.base.pack(("o", tag, "jn", conv, "t"))
+        return fastpack(self._b, ("o", tag, "jn", conv, "t"))
 
     @lru_cache(maxsize=_CACHE)
     def watermark(self, tag: str, conv: str) -> bytes:
-        return self.base.pack(("o", tag, "jn", conv, "w"))
+        return fastpack(self._b, ("o", tag, "jn", conv, "w"))
 
     # -- sessions (transcripts) --------------------------------------------
     @lru_cache(maxsize=_CACHE)
     def head(self, tag: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "ss", sid, "h"))
+        return fastpack(self._b, ("o", tag, "ss", sid, "h"))
 
     @lru_cache(maxsize=_CACHE)
     def meta(self, tag: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "ss", sid, "meta"))
+        return fastpack(self._b, ("o", tag, "ss", sid, "meta"))
 
     @lru_cache(maxsize=_CACHE)
     def messages(self, tag: str, sid: str) -> "kv.Subspace":
@@ -126,7 +129,7 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def session_listing(self, tag: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "sl", sid))
+        return fastpack(self._b, ("o", tag, "sl", sid))
 
     @lru_cache(maxsize=_CACHE)
     def session_listing_range(self, tag: str) -> slice:
@@ -134,7 +137,7 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def staging_fork(self, created_us: int, tag: str, sid: str) -> bytes:
-        return self.base.pack(("fs", created_us, tag, sid))
+        return fastpack(self._b, ("fs", created_us, tag, sid))
 
     def staging_forks_range(self) -> slice:
         return self.base.range(("fs",))
@@ -142,7 +145,7 @@ class SessionsKeyspace:
     # -- projects -----------------------------------------------------------
     @lru_cache(maxsize=_CACHE)
     def project(self, tag: str, pid: str) -> bytes:
-        return self.base.pack(("o", tag, "pj", pid))
+        return fastpack(self._b, ("o", tag, "pj", pid))
 
     @lru_cache(maxsize=_CACHE)
     def projects_range(self, tag: str) -> slice:
@@ -150,7 +153,7 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def project_member(self, tag: str, pid: str, sid: str) -> bytes:
-        return self.base.pack(("o", tag, "pm", pid, sid))
+        return fastpack(self._b, ("o", tag, "pm", pid, sid))
 
     @lru_cache(maxsize=_CACHE)
     def project_members_range(self, tag: str, pid: str) -> slice:
@@ -159,7 +162,7 @@ class SessionsKeyspace:
     # -- attachments --------------------------------------------------------
     @lru_cache(maxsize=_CACHE)
     def attachment(self, tag: str, aid: str) -> bytes:
-        return self.base.pack(("o", tag, "at", aid))
+        return fastpack(self._b, ("o", tag, "at", aid))
 
     @lru_cache(maxsize=_CACHE)
     def attachment_chunks(self, tag: str, aid: str) -> "kv.Subspace":
@@ -171,7 +174,7 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def pending_attachment(self, created_us: int, tag: str, aid: str) -> bytes:
-        return self.base.pack(("ap", created_us, tag, aid))
+        return fastpack(self._b, ("ap", created_us, tag, aid))
 
     def pending_attachments_range(self) -> slice:
         return self.base.range(("ap",))

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import kv
 
-from .codec import dumps, loads, split_chunks, CHUNK_SIZE
+from .codec import CHUNK_SIZE, dumps, fastpack, loads, split_chunks
 from .errors import InvalidState, NotFound, SessionConflict, TooLarge
 from .keyspace import SessionsKeyspace
 from .owners import OwnerLike, as_tag
@@ -232,7 +232,7 @@ class Transcripts:
         msgs = self.keys.messages(tag, session_id)
         for i, data in enumerate(encoded):
             for c, chunk in enumerate(split_chunks(data)):
-                tr.set(msgs.pack((n + i, c)), chunk)
+                tr.set(fastpack(msgs.raw_prefix, (n + i, c)), chunk)
         head["n"] = n + len(encoded)
         head["tok"] = token
         tr.set(self.keys.head(tag, session_id), dumps(head))

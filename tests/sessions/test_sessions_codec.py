@@ -1,0 +1,18 @@
+"""The hand-written key packer equals FoundationDB's tuple layer."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kv
+from sessions.codec import fastpack
+
+parts = st.one_of(st.text(), st.binary(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
+                  st.booleans(), st.none())
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=st.binary(max_size=8), t=st.lists(parts, max_size=5))
+def test_fastpack_matches_kv_tuple(prefix, t):
+    assert fastpack(prefix, tuple(t)) == kv.Subspace(raw_prefix=prefix).pack(tuple(t))

@@ -112,6 +112,8 @@ def print_summary(summary: Summary, console: Any = None) -> None:
     t.add_row("wall seconds", f"{summary.wall_seconds:.1f}")
     t.add_row("runs/s", f"{summary.runs_per_second:.1f}")
     t.add_row("crash points/s", f"{summary.crash_points_per_second:.1f}")
+    if summary.cpu_seconds:
+        t.add_row("runs per CPU-second", f"{summary.runs / summary.cpu_seconds:.1f}")
     for name, n in sorted(summary.by_scenario.items()):
         t.add_row(f"  scenario: {name}", f"{n:,}")
     t.add_row("failed runs", f"{sum(1 for _ in summary.failures)}" + (" (first 5 kept)" if len(summary.failures) >= 5 else ""))

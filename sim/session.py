@@ -49,6 +49,7 @@ class Summary:
     invariant_failures: dict[str, int] = field(default_factory=dict)
     virtual_seconds: float = 0.0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # process CPU time: the rate on a shared (loaded) machine
     commits: int = 0
     failures: list[Failure] = field(default_factory=list)
     by_scenario: dict[str, int] = field(default_factory=dict)
@@ -91,7 +92,10 @@ class Summary:
             "runs": self.runs, "crash_points": self.crash_points, "checks": self.checks,
             "faults": sum(self.faults.values()), "simulated_hours": round(self.virtual_seconds / 3600, 3),
             "wall_seconds": round(self.wall_seconds, 2), "runs_per_s": round(self.runs_per_second, 1),
-            "crash_points_per_s": round(self.crash_points_per_second, 1), "failures": len(self.failures),
+            "crash_points_per_s": round(self.crash_points_per_second, 1),
+            "runs_per_cpu_s": round(self.runs / self.cpu_seconds, 1) if self.cpu_seconds else 0.0,
+            "crash_points_per_cpu_s": round(self.crash_points / self.cpu_seconds, 1) if self.cpu_seconds else 0.0,
+            "failures": len(self.failures),
             "trace": self.trace,
         }
 
@@ -133,6 +137,7 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary."""
     summary = Summary(seed=seed)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     previous = logging.root.manager.disable
     if quiet:
         logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
@@ -153,4 +158,5 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     finally:
         logging.disable(previous)
         summary.wall_seconds = time.perf_counter() - t0
+        summary.cpu_seconds = time.process_time() - c0
     return summary

@@ -55,6 +55,10 @@ SSE_MEDIA_TYPE = "text/event-stream"
 JSON_MEDIA_TYPE = "application/json"
 _IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 _MEDIA_TYPE_RE = re.compile(r"^[!-~]+/[!-~]+$")
+#: Ids in URLs (conversations, runs, calls, projects, attachments, agents): URL-safe ASCII, starting with a letter
+#: or digit so that no client normalises one away ("." and ".." path segments) or encodes it differently.
+ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:~-]*$"
+_ID_RE = re.compile(ID_PATTERN)
 
 
 @dataclass
@@ -117,6 +121,10 @@ class Route:
 
 def _str(max_len: int, min_len: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": min_len, "maxLength": max_len}
+
+
+def _id(max_len: int) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": ID_PATTERN}
 
 
 CURSOR_SCHEMA = {"type": "string", "pattern": "^[0-9a-f]{24}$", "description": "an opaque journal position"}
@@ -182,7 +190,6 @@ ATTACHMENT_SCHEMA = {
                    "size": {"type": ["integer", "null"]}, "sha256": {"type": ["string", "null"]},
                    "created": {"type": "number"}},
 }
-CONV_PARAM = ("conversation_id", _str(MAX_CONVERSATION_ID), "conversation id (any characters but '/')")
 
 ROUTES: tuple[Route, ...] = (
     Route("healthz", "GET", "/healthz", PUBLIC, "Liveness: the process is up.",
@@ -205,7 +212,7 @@ ROUTES: tuple[Route, ...] = (
               "properties": {
                   "message": {"oneOf": [{"type": "string", "minLength": 1}, USER_MESSAGE_SCHEMA]},
                   "result_schema": {"type": "object"},
-                  "project_id": _str(MAX_ID),
+                  "project_id": _id(MAX_ID),
               },
           },
           headers=(("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
@@ -213,7 +220,7 @@ ROUTES: tuple[Route, ...] = (
                     "the submission id; retries with the same key and body return the same run"),),
           responses={202: ("accepted: the run is queued durably", ACK_SCHEMA),
                      200: ("this submission already settled: its outcome", ACK_SCHEMA)},
-          errors=(400, 409, 413, 415)),
+          errors=(400, 404, 409, 413, 415)),
     Route("list_messages", "GET", "/v1/conversations/{conversation_id}/messages", BEARER,
           "A page of the conversation's transcript.",
           query=(("start", {"type": "integer", "minimum": 0}, "first message index"),
@@ -227,7 +234,7 @@ ROUTES: tuple[Route, ...] = (
           "A new conversation holding messages [0, at) of this one.",
           request={"type": "object", "additionalProperties": False, "required": ["at"],
                    "properties": {"at": {"type": "integer", "minimum": 0},
-                                  "conversation_id": _str(MAX_CONVERSATION_ID)}},
+                                  "conversation_id": _id(MAX_CONVERSATION_ID)}},
           responses={201: ("the fork", {"type": "object", "required": ["conversation_id", "forked_from", "at"],
                                         "properties": {"conversation_id": {"type": "string"},
                                                        "forked_from": {"type": "string"},
@@ -271,7 +278,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(400, 404, 409, 413, 415)),
     Route("create_project", "POST", "/v1/projects", BEARER, "Create a project (a named container of conversations).",
           request={"type": "object", "additionalProperties": False, "required": ["name"],
-                   "properties": {"name": _str(MAX_PROJECT_NAME), "project_id": _str(MAX_ID)}},
+                   "properties": {"name": _str(MAX_PROJECT_NAME), "project_id": _id(MAX_ID)}},
           responses={201: ("the project", PROJECT_SCHEMA)}, errors=(400, 413, 415)),
     Route("list_projects", "GET", "/v1/projects", BEARER, "The caller's projects.",
           responses={200: ("projects", {"type": "object", "required": ["projects"],
@@ -301,7 +308,7 @@ ROUTES: tuple[Route, ...] = (
                                   "media_type": {"type": "string", "minLength": 1, "maxLength": 255,
                                                  "pattern": "^[!-~]+/[!-~]+$"},
                                   "filename": _str(MAX_FILENAME),
-                                  "attachment_id": _str(MAX_ID)}},
+                                  "attachment_id": _id(MAX_ID)}},
           responses={201: ("stored (ready)", ATTACHMENT_SCHEMA)}, errors=(400, 409, 413, 415, 422)),
     Route("get_attachment", "GET", "/v1/attachments/{attachment_id}", BEARER, "An attachment's metadata.",
           responses={200: ("metadata", ATTACHMENT_SCHEMA)}, errors=(400, 404)),
@@ -314,7 +321,7 @@ ROUTES: tuple[Route, ...] = (
           "A signed token for ?token= on the SSE route: bound to the caller (and optionally one "
           "conversation), valid 10 minutes.",
           request={"type": "object", "additionalProperties": False,
-                   "properties": {"conversation_id": _str(MAX_CONVERSATION_ID)}},
+                   "properties": {"conversation_id": _id(MAX_CONVERSATION_ID)}},
           body_required=False,
           responses={201: ("the token", {"type": "object", "required": ["token", "expires_at", "expires_in"],
                                          "properties": {"token": {"type": "string"},
@@ -336,12 +343,8 @@ def _bad(message: str) -> ApiError:
 
 def _check_id(name: str, value: str, max_len: int) -> str:
     # Ids are only lookup keys (tuple-encoded, so any characters are safe); a strange one is simply not found.
-    if not isinstance(value, str) or not value or len(value) > max_len:
-        raise _bad(f"{name} must be 1..{max_len} characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad(f"{name} must be valid UTF-8") from None
+    if not isinstance(value, str) or not value or len(value) > max_len or not _ID_RE.match(value):
+        raise _bad(f"{name} must be 1..{max_len} characters matching {ID_PATTERN}")
     return value
 
 
@@ -374,10 +377,7 @@ def _body_id(name: str, value: Any) -> str:
     """An id given in a body (it will appear in URLs, so no '/')."""
     if not isinstance(value, str):
         raise _bad(f"{name} must be a string")
-    _check_id(name, value, MAX_ID)
-    if "/" in value:
-        raise _bad(f"{name} must not contain '/'")
-    return value
+    return _check_id(name, value, MAX_ID)
 
 
 def _user_message(message: Any) -> str | dict[str, Any]:
@@ -610,8 +610,6 @@ class Api:
             if not isinstance(new, str):
                 raise _bad("conversation_id must be a string")
             _check_id("conversation_id", new, MAX_CONVERSATION_ID)
-            if "/" in new:
-                raise _bad("conversation_id must not contain '/'")
         if not await self.rt.store.transcripts.exists(principal.owner, conv):
             await self._require_conversation(principal.owner, conv)
             raise ApiError("unprocessable", f"the conversation has no messages to fork (at={at})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api import BEARER, BEARER_OR_STREAM, PUBLIC, ROUTES, Route
+from .api import ID_PATTERN, BEARER, BEARER_OR_STREAM, PUBLIC, ROUTES, Route
 from .errors import CODES
 from .limits import MAX_ATTACHMENT_BYTES, MAX_CONVERSATION_ID, MAX_ID, MAX_REQUEST_BYTES
 
@@ -47,7 +47,7 @@ def _operation(route: Route) -> dict[str, Any]:
     params: list[dict[str, Any]] = []
     for name in re.findall(r"{(\w+)}", route.path):
         max_len = MAX_CONVERSATION_ID if name == "conversation_id" else MAX_ID
-        schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": "^[^/]+$"}
+        schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": ID_PATTERN}
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
     for name, schema, desc in route.query:
         params.append({"name": name, "in": "query", "required": False, "schema": dict(schema), "description": desc})

@@ -164,12 +164,12 @@ class Runner:
             except self.store.LeaseLost as e:
                 log.warning("run %s: lease lost (%s); another worker owns it now", self.run_id, e)
             except kv.KVError as e:
-                # A storage failure aborts the turn: the lease lapses, the run is re-claimed.
+                # A storage failure aborts the turn. The lease is left to lapse (not
+                # released): the takeover counts as an attempt, so a failure that
+                # repeats ends in retry_exhausted instead of looping forever.
                 log.error("run %s: storage failure %s; turn aborted", self.run_id, e)
-                await self._abort()
             except Exception:  # noqa: BLE001 — a bug (ours, a hook's) must not take the runtime down
                 log.exception("run %s: unexpected failure; turn aborted (the next attempt resumes it)", self.run_id)
-                await self._abort()
             finally:
                 self.rt._active.pop(self.run_id, None)
                 nursery.cancel_scope.cancel()
@@ -177,7 +177,7 @@ class Runner:
             log.warning("run %s: lease lost during renewal; stopped", self.run_id)
 
     async def _abort(self) -> None:
-        """Give the run back (attempts stay bounded by the ledger's max_attempts)."""
+        """Give the run back at shutdown (a clean release is not an attempt)."""
         with trio.CancelScope(shield=True):
             try:
                 await self.store.release(self.claim)
@@ -583,10 +583,14 @@ class Runner:
         cut = choose_cut(self.messages, self.agent.keep_recent)
         assert cut is not None
         request = summary_request(self.messages, cut)
-        summary_msg = await call_model(
-            self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],
-            max_tokens=self.agent.max_tokens, policy=self.agent.retry, clock=self.rt.clock,
-        )
+        try:
+            summary_msg = await call_model(
+                self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],
+                max_tokens=self.agent.max_tokens, policy=self.agent.retry, clock=self.rt.clock,
+            )
+        except ProviderError as e:  # the summariser failed too: the run fails with its error
+            await self._fail({**e.to_dict(), "during": "compaction"})
+            return
         usage = summary_msg.get("usage") or {}
         entry = compaction_entry(M.text_of(summary_msg), cut, reason=reason, usage=usage)
         st = self.state

@@ -557,3 +557,29 @@ async def test_cancel_from_another_process_during_the_final_answer_wins(autojump
         assert out.status == "cancelled"
         evs = await all_events(rt_a, "xproc")
         assert "run.completed" not in types(evs) and types(evs)[-1] == "run.cancelled"
+
+
+async def test_failed_compaction_fails_the_run(rt):
+    for i in range(3):
+        await rt.run(Agent("e", model="echo"), "cfail", f"earlier {i}")
+    model = ScriptedModel([overflow(), permanent("summariser down", status=400)])
+    out = await rt.run(Agent("o", model=model, keep_recent=2), "cfail", "now")
+    assert out.status == "failed" and out.error["type"] == "permanent" and out.error["during"] == "compaction"
+
+
+async def test_a_crashing_hook_is_retried_then_exhausted():
+    """A bug in user code (a hook that raises) aborts the turn without taking the runtime down;
+    each takeover is an attempt, so it ends in retry_exhausted rather than looping."""
+    calls = []
+
+    def bad_hook(info):
+        calls.append(1)
+        raise RuntimeError("hook bug")
+
+    agent = Agent("h", model="echo", hooks=Hooks(before_model_call=bad_hook))
+    async with Runtime.open("memory:", lease_seconds=0.2, max_attempts=3) as rt:
+        out = await rt.run(agent, "hookfail", "hi")
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        assert len(calls) == 3
+        # the runtime is still serving
+        assert (await rt.run(Agent("fine", model="echo"), "other", "hi")).ok

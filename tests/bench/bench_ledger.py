@@ -10,9 +10,12 @@ machine):
   its own conversation), beside the raw rate of synced single-put LMDB
   transactions and the raw write+fsync p50 measured here — targets: 64
   submitters >= 1.5x the raw synced rate (group commit beats one fsync per
-  ack); 1 submitter p50 <= 3x raw fsync p50;
+  ack); 1 submitter p50 <= 3x raw fsync p50 (with a bare one-key kv commit's
+  p50 beside it: the engine's floor under any acknowledgement);
 * claim + settle cycles/s (16 workers over many conversations);
-* replay of 20,000 events (target <= 250 ms) and the last page of a
+* replay of 20,000 events (target <= 250 ms; best of 3, with its CPU time
+  beside it, and the load average at start and end, because other tenants of a
+  shared machine dominate wall-clock figures) and the last page of a
   1,000,000-event journal beside a 100-event one (target: same order, ratio
   <= 3);
 * fork of a 100,000-message transcript (by reference, and by staged copy).
@@ -78,6 +81,19 @@ def raw_synced_puts_per_s(path: Path, n: int) -> float:
         env.close()
 
 
+async def kv_commit_p50(db, n: int) -> float:
+    """A bare one-key commit on the same engine: the floor under one acknowledgement."""
+    out = []
+    for i in range(n):
+        async def fn(tr, i=i):  # blind write: idempotent
+            tr.set(b"bench-floor/%08d" % i, b"v" * 100)
+
+        t0 = time.perf_counter()
+        await db.transact(fn)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
 async def bench_submit(L: Ledger, submitters: int, per_submitter: int, tag: str) -> tuple[float, list[float]]:
     lat: list[float] = []
     delivery = {"role": "user", "content": [{"type": "text", "text": "hello " * 20}]}
@@ -130,7 +146,8 @@ async def fill_journal(db, s: Sessions, conv: str, n: int, batch: int = 5_000) -
         await db.transact(fn)
 
 
-async def bench_replay(s: Sessions, conv: str) -> float:
+async def bench_replay(s: Sessions, conv: str) -> tuple[float, float]:
+    c0 = time.process_time()
     t0 = time.perf_counter()
     cursor, count = None, 0
     while True:
@@ -140,8 +157,9 @@ async def bench_replay(s: Sessions, conv: str) -> float:
         if not page.more:
             break
     ms = (time.perf_counter() - t0) * 1e3
+    cpu_ms = (time.process_time() - c0) * 1e3
     assert count == 20_000, count
-    return ms
+    return ms, cpu_ms
 
 
 async def last_page_ms(s: Sessions, conv: str, reps: int = 30) -> float:
@@ -186,11 +204,12 @@ async def main(quick: bool) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-"))
     fsync_p50 = raw_fsync_p50(tmp / "fsync.log", 100 if quick else 300)
     raw_rate = raw_synced_puts_per_s(tmp / "raw-lmdb", 100 if quick else 300)
-    out: dict = {"bench": "ledger", "quick": quick}
+    out: dict = {"bench": "ledger", "quick": quick, "loadavg_start": round(os.getloadavg()[0], 2)}
     db = await kv.open(f"lmdb:{tmp / 'data'}")
     try:
         s = Sessions(db, retention=0)
         L = Ledger(db, journal=s.journal)
+        floor = await kv_commit_p50(db, 100 if quick else 300)
         rate1, lat1 = await bench_submit(L, 1, 100 if quick else 400, "one")
         rate64, _ = await bench_submit(L, 64, 8 if quick else 40, "many")
         out.update({
@@ -203,10 +222,16 @@ async def main(quick: bool) -> dict:
         })
         out["submit64_vs_raw_synced"] = round(rate64 / raw_rate, 2)
         out["submit1_p50_vs_fsync_p50"] = round(statistics.median(lat1) / fsync_p50, 2)
+        out["kv_commit_p50_ms"] = round(floor * 1e3, 3)
+        out["submit1_p50_vs_kv_commit_p50"] = round(statistics.median(lat1) / floor, 2)
         out["claim_settle_per_s"] = round(await bench_claim_settle(L, 16, 500 if quick else 2_000))
 
         await fill_journal(db, s, "replay", 20_000)
-        out["replay_20k_ms"] = round(await bench_replay(s, "replay"), 1)
+        # best of 3 (wall), with the CPU time of that run: on a shared machine the
+        # wall figure mostly measures other tenants
+        best = min([await bench_replay(s, "replay") for _ in range(3)])
+        out["replay_20k_ms"] = round(best[0], 1)
+        out["replay_20k_cpu_ms"] = round(best[1], 1)
 
         big = 100_000 if quick else 1_000_000
         await fill_journal(db, s, "small", 100)
@@ -223,6 +248,7 @@ async def main(quick: bool) -> dict:
         out["fork_100k_copy_ms"] = round(copy, 1)
     finally:
         await db.close()
+    out["loadavg_end"] = round(os.getloadavg()[0], 2)
     out["targets"] = TARGETS
     out["ok"] = {
         "submit64_vs_raw_synced": out["submit64_vs_raw_synced"] >= TARGETS["submit64_vs_raw_synced_min"],

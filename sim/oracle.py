@@ -51,7 +51,7 @@ class RecordingTransaction(Transaction):
         self._sim_log: list[tuple] = []
         self._sim_k = None
 
-    async def _latency(self) -> None:
+    async def _latency(self, commit: bool = False) -> None:
         """Simulated network latency: a read or commit yields, so transactions really interleave.
 
         (The memory engine answers reads synchronously and a lone commit
@@ -63,7 +63,11 @@ class RecordingTransaction(Transaction):
             proc = self.db.process
             if proc is not None and proc.clogged_until > world.now():
                 await proc.wait_unclogged()  # cut off from the store (clogged)
-            await trio.sleep(world.latency())
+            delay = world.latency(commit)
+            if delay:
+                await trio.sleep(delay)
+            elif delay is not None:
+                await trio.lowlevel.checkpoint()
 
     async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
         await self._latency()
@@ -91,7 +95,7 @@ class RecordingTransaction(Transaction):
     async def commit(self) -> None:
         hooks = self._engine.hooks
         if self._mutations or self._write_ranges:
-            await self._latency()
+            await self._latency(commit=True)
         try:
             await super().commit()
         finally:

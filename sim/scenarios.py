@@ -441,6 +441,12 @@ class ConcurrentConversations(RuntimeScenario):
         return [Turn(f"c{c}", modes[(c + i) % 3], f"s{c}-{i}", delay=i * 0.002) for c in range(3) for i in range(2)]
 
 
+class TwoRuntimes(ConcurrentConversations):
+    name = "two-runtimes"
+    description = "the concurrent conversations over two runtimes on one store (clients use either)"
+    processes = ("p1", "p2")
+
+
 class DuplicateSubmission(RuntimeScenario):
     name = "duplicate"
     description = "the same submission id twice (one run) and with a different request (conflict)"
@@ -461,5 +467,5 @@ class StaleWorker(RuntimeScenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
-                        CancelTurn, ForkTurns, ConcurrentConversations, DuplicateSubmission, StaleWorker)
+                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, DuplicateSubmission, StaleWorker)
 }

@@ -255,11 +255,21 @@ class World:
     def wall(self) -> float:
         return SIM_EPOCH + self.now()
 
-    def latency(self) -> float:
-        """Seconds a simulated kv request takes: usually none (just a yield), sometimes a little."""
+    def latency(self, commit: bool) -> float | None:
+        """Seconds a simulated kv request takes: None (answered at once), 0 (a yield) or a little.
+
+        Commits always yield (so transactions interleave and conflict); reads
+        mostly answer at once, as the memory engine's do, and sometimes yield
+        or wait a little, so read versions and commits interleave too.
+        """
         if self.buggify("kv.latency"):
             return self.rng.random() * 0.05
-        return 0.0 if self.rng.random() < 0.5 else self.rng.random() * 0.002
+        r = self.rng.random()
+        if r < 0.3:
+            return r * 0.006  # 0 - 1.8 ms
+        if commit or r < 0.5:
+            return 0.0
+        return None
 
     def chance(self, p: float) -> bool:
         return self.rng.random() < p

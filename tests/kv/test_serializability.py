@@ -411,25 +411,38 @@ class Buggify(kv.FaultHooks):
         return out
 
 
+@pytest.mark.parametrize("backend_name", ["memory", "lmdb"])
 @SETTINGS
 @given(plans=bank_plans, seed=st.integers(0, 2**32))
-def test_bank_with_buggify_faults_is_serializable(plans, seed):
+def test_bank_with_buggify_faults_is_serializable(backend_name, plans, seed):
     """Transfers are not idempotent, so a retried 1021 may run twice: the
     oracle still explains every read, and money is still conserved."""
     initial = {BANK.pack((i,)): le(START) for i in range(ACCOUNTS)}
     hooks = Buggify(seed)
 
     async def main():
-        db = kv.MemoryEngine(hooks=hooks).database()
+        if backend_name == "memory":
+            db = kv.MemoryEngine(hooks=hooks).database()
+        else:
+            from kv.engine import Engine
+            from kv.lmdb_engine import LmdbStore
+
+            tmp = tempfile.TemporaryDirectory()
+            db = kv.Database(Engine(LmdbStore(os.path.join(tmp.name, "data")), hooks=hooks), url="lmdb:")
 
         async def setup(tr):  # idempotent
             for k, v in initial.items():
                 tr.set(k, v)
 
-        await db.transact(setup)
-        acknowledged, maybe = await run_clients(db, plans, bank_step)
-        state = await replay_and_check(db, initial, acknowledged, maybe)
-        assert sum(unle(state[k]) for k in initial) == ACCOUNTS * START
+        try:
+            await db.transact(setup)
+            acknowledged, maybe = await run_clients(db, plans, bank_step)
+            state = await replay_and_check(db, initial, acknowledged, maybe)
+            assert sum(unle(state[k]) for k in initial) == ACCOUNTS * START
+        finally:
+            await db.close()
+            if backend_name == "lmdb":
+                tmp.cleanup()
 
     trio.run(main)
 

@@ -155,3 +155,31 @@ async def test_second_open_in_the_same_process_fails(tmp_path):
             await kv.open(f"lmdb:{path}")
     finally:
         await db.close()
+
+
+async def test_urls_reach_the_right_engine(tmp_path, monkeypatch):
+    # a bare path and lmdb:PATH are the same durable engine
+    monkeypatch.chdir(tmp_path)
+    async with await kv.open("./bare") as db:
+        async def fn(tr):
+            tr.set(b"k", b"durable")
+
+        await db.transact(fn)
+    async with await kv.open(f"lmdb:{tmp_path / 'bare'}") as db:
+        async def get(tr):
+            return await tr.get(b"k")
+
+        assert await db.transact(get) == b"durable"
+    # memory: is fresh every time
+    async with await kv.open("memory:") as db:
+        async def fn(tr):
+            tr.set(b"k", b"gone")
+
+        await db.transact(fn)
+    async with await kv.open("memory:") as db:
+        async def get(tr):
+            return await tr.get(b"k")
+
+        assert await db.transact(get) is None
+    with pytest.raises(ValueError):
+        await kv.open("nosuchscheme:x")

@@ -122,6 +122,8 @@ def _to_kverror(e: BaseException) -> KVError:
     code = getattr(e, "code", 4100)
     try:
         desc = e.description  # type: ignore[attr-defined]  # asks libfdb_c for the text
+        if isinstance(desc, bytes):
+            desc = desc.decode("utf-8", "replace")
     except Exception:
         desc = None
     return KVError(code, desc)

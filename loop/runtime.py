@@ -52,9 +52,10 @@ __all__ = ["Runtime", "Acknowledgement", "Outcome", "RunInfo", "DEFAULT_URL", "D
 
 DEFAULT_URL = "./surefoot-data"
 DEFAULT_WORKERS = 1
-# Idle claim loops look for work at least this often (another process may have
-# submitted, a lease may have expired); in-process submissions wake them at once.
-IDLE_POLL_SECONDS = 0.5
+# Idle claim loops sleep on the ledger's ready signal (a watch: any process's
+# submission wakes them) and until the earliest lease expiry; this bounds the
+# sleep anyway, as a safety net against a missed wake-up.
+IDLE_POLL_SECONDS = 2.0
 MAX_WORKERS = 1_024
 
 assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0

@@ -317,7 +317,7 @@ class Ledger:
 
     async def get_request(self, run_id: str, *, owner: OwnerLike | None = None) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a run's submission. Read-only."""
-        async def fn(tr: Any) -> tuple[Any, Any]:
+        async def fn(tr: Any) -> tuple[Any, Any]:  # read-only
             run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
             body = await read_chunks(tr, self.keys.submission_body(run["owner"], run["submission_id"]))
             if body is None:
@@ -342,7 +342,7 @@ class Ledger:
         nonce = self.new_id()
         tried: list[str] = []
 
-        async def fn(tr: Any) -> Any:
+        async def fn(tr: Any) -> Any:  # guarded: nonce check of the last tried run
             if tried:
                 raw = await tr.get(self.keys.lease(tried[-1]))
                 if raw is not None and loads(raw).get("nonce") == nonce:
@@ -429,7 +429,7 @@ class Ledger:
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
 
-        async def fn(tr: Any) -> float:
+        async def fn(tr: Any) -> float:  # guarded: token check; a retry extends again
             raw = await tr.get(self.keys.lease(lease.run_id))
             rec = loads(raw) if raw else None
             if rec is None or rec["token"] != lease.token:
@@ -642,7 +642,7 @@ class Ledger:
         """The conversation's runs, oldest first. Read-only."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> list[RunInfo]:
+        async def fn(tr: Any) -> list[RunInfo]:  # read-only
             r = self.keys.history_range(tag, conversation)
             rows = await tr.get_range(r.start, r.stop, limit=limit)
             return [await self.get_run_tr(tr, row.value.decode(), owner=tag) for row in rows]

@@ -44,7 +44,7 @@ class Steps:
 
     async def get(self, run_id: str, name: str) -> tuple[bool, Any]:
         """``(True, result)`` when (run, name) is recorded, else ``(False, None)``. Read-only."""
-        async def fn(tr: Any) -> tuple[bool, Any]:
+        async def fn(tr: Any) -> tuple[bool, Any]:  # read-only
             body = await read_chunks(tr, self.keys.step(run_id, name))
             return (False, None) if body is None else (True, loads(body)["result"])
 
@@ -73,7 +73,7 @@ class Steps:
         if len(body) > MAX_STEP_RESULT_BYTES:
             raise ValueError(f"step result of {len(body)} bytes exceeds {MAX_STEP_RESULT_BYTES}")
 
-        async def record(tr: Any) -> Any:
+        async def record(tr: Any) -> Any:  # guarded: reads the step record first
             # Guarded: reads the step record first; a retry after a committed
             # attempt returns what was recorded.
             await self.ledger.check_lease(tr, lease)

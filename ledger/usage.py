@@ -73,7 +73,7 @@ class UsageBook:
 
     async def record(self, run_id: str, step_id: str, usage: Mapping[str, int], *,
                      lease: "Lease | None" = None) -> bool:
-        async def fn(tr: Any) -> bool:
+        async def fn(tr: Any) -> bool:  # guarded: lease check + step marker
             if lease is not None:
                 await self.ledger.check_lease(tr, lease)
             return await self.record_tr(tr, run_id, step_id, usage)

@@ -95,7 +95,7 @@ class Attachments:
         rec = {"owner": tag, "id": aid, "state": PENDING, "media_type": media_type, "filename": filename,
                "size": None, "sha256": sha256, "chunks": None, "created": now, "created_us": created_us}
 
-        async def fn(tr: Any) -> AttachmentInfo:
+        async def fn(tr: Any) -> AttachmentInfo:  # guarded: reads the record first; an existing one is returned
             try:
                 return _info(await self._get(tr, tag, aid))
             except NotFound:
@@ -114,7 +114,7 @@ class Attachments:
         if len(data) > ATTACHMENT_CHUNK:
             raise ValueError(f"a chunk is at most {ATTACHMENT_CHUNK} bytes")
 
-        async def fn(tr: Any) -> None:
+        async def fn(tr: Any) -> None:  # idempotent: the same bytes on the same key (state-checked)
             rec = await self._get(tr, tag, attachment_id)
             if rec["state"] != PENDING:
                 raise InvalidState(f"attachment {attachment_id!r} is {rec['state']}, not pending")
@@ -127,7 +127,7 @@ class Attachments:
         Idempotent: a ready attachment is returned as is."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> AttachmentInfo:
+        async def fn(tr: Any) -> AttachmentInfo:  # guarded: a ready record is returned as is
             rec = await self._get(tr, tag, attachment_id)
             if rec["state"] == READY:
                 return _info(rec)
@@ -183,7 +183,7 @@ class Attachments:
         """The bytes of a ready attachment (InvalidState while pending or deleting). Read-only."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> bytes:
+        async def fn(tr: Any) -> bytes:  # read-only
             rec = await self._get(tr, tag, attachment_id)
             if rec["state"] != READY:
                 raise InvalidState(f"attachment {attachment_id!r} is {rec['state']}")
@@ -199,7 +199,7 @@ class Attachments:
         """Mark deleting, then clear. Idempotent per step; NotFound once gone."""
         tag = as_tag(owner)
 
-        async def mark(tr: Any) -> dict[str, Any]:
+        async def mark(tr: Any) -> dict[str, Any]:  # idempotent: marks deleting (state-checked)
             rec = await self._get(tr, tag, attachment_id)
             if rec["state"] != DELETING:
                 rec["state"] = DELETING
@@ -207,6 +207,7 @@ class Attachments:
             return rec
 
         rec = await self.db.transact(mark)
+        # idempotent: clears
         await self.db.transact(lambda tr: self._purge_tr(tr, tag, attachment_id, rec.get("created_us")))
 
     async def _purge_tr(self, tr: Any, tag: str, aid: str, created_us: int | None) -> None:
@@ -222,7 +223,7 @@ class Attachments:
         cutoff = int((self.clock() - older_than) * 1e6)
         removed = 0
         while True:
-            async def fn(tr: Any) -> tuple[int, int]:
+            async def fn(tr: Any) -> tuple[int, int]:  # guarded: re-reads each record; only pending ones are purged
                 r = self.keys.pending_attachments_range()
                 rows = await tr.get_range(r.start, self.keys.pending_attachment(cutoff, "", ""), limit=50)
                 n = 0

@@ -299,7 +299,7 @@ class Journal:
         eids = [self.new_id() for _ in items]
         state: dict[str, Any] = {"attempt": 0, "tail": None}
 
-        async def fn(tr: Any) -> list[EventRef] | list[str]:
+        async def fn(tr: Any) -> list[EventRef] | list[str]:  # guarded: eid scan on retries (see docstring)
             if guard is not None:
                 await guard(tr)
             sub = self.keys.events(tag, conversation)
@@ -456,7 +456,7 @@ class Journal:
             return 0
         total = 0
         while True:
-            async def fn(tr: Any) -> int:
+            async def fn(tr: Any) -> int:  # guarded: re-reads the trimmed count and the doomed keys
                 emitted = unpack_i64(await tr.snapshot.get(self.keys.emitted(tag, conversation)))
                 trimmed = unpack_i64(await tr.get(self.keys.trimmed(tag, conversation)))
                 excess = emitted - trimmed - keep

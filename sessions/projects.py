@@ -84,7 +84,7 @@ class Projects:
         if len(body) > MAX_OVERRIDE_BYTES:
             raise ValueError(f"project record of {len(body)} bytes exceeds {MAX_OVERRIDE_BYTES}")
 
-        async def fn(tr: Any) -> ProjectInfo:
+        async def fn(tr: Any) -> ProjectInfo:  # guarded: an existing record is returned unchanged
             try:
                 return _info(await self._get(tr, tag, pid))
             except NotFound:
@@ -146,7 +146,7 @@ class Projects:
         """File a session under the project. Idempotent."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> None:
+        async def fn(tr: Any) -> None:  # idempotent: sets an index key
             await self._get(tr, tag, project_id)
             tr.set(self.keys.project_member(tag, project_id, check_session_id(session_id)), b"")
 
@@ -168,7 +168,7 @@ class Projects:
         a foreign or missing project is NotFound."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> None:
+        async def fn(tr: Any) -> None:  # idempotent: clears (NotFound once gone)
             await self._get(tr, tag, project_id)
             tr.clear(self.keys.project(tag, project_id))
             r = self.keys.project_members_range(tag, project_id)

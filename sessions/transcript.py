@@ -188,7 +188,7 @@ class Transcripts:
         """Session ids of ``owner`` (of one project if given), in id order. Read-only."""
         tag = as_tag(owner)
 
-        async def fn(tr: Any) -> list[str]:
+        async def fn(tr: Any) -> list[str]:  # read-only
             if project is None:
                 r = self.keys.session_listing_range(tag)
             else:
@@ -329,6 +329,7 @@ class Transcripts:
         check_session_id(session_id)
         new_sid = check_session_id(new_session_id or self.new_id())
         if by_reference:
+            # guarded: an existing head for the new id is checked and returned
             info = await self.db.transact(lambda tr: self._fork_ref_tr(tr, tag, session_id, at, new_sid, title))
             if info is not None:
                 return info
@@ -376,7 +377,7 @@ class Transcripts:
         created_us = int(self.clock() * 1e6)
 
         # 1. The staging sentinel. Guarded: re-reads the new head.
-        async def begin(tr: Any) -> tuple[dict[str, Any], SessionInfo | None, str | None]:
+        async def begin(tr: Any) -> tuple[dict[str, Any], SessionInfo | None, str | None]:  # guarded: re-reads the new head
             parent = await self._head(tr, tag, sid)
             if not 0 <= at <= parent["n"]:
                 raise ValueError(f"fork point {at} outside [0, {parent['n']}]")
@@ -405,7 +406,7 @@ class Transcripts:
             cursor = src_msgs.pack((lo,))
             stop = src_msgs.pack((hi,))
             while cursor < stop:
-                async def batch(tr: Any, cursor: bytes = cursor) -> bytes:
+                async def batch(tr: Any, cursor: bytes = cursor) -> bytes:  # idempotent: same bytes, same keys
                     head = await tr.get(self.keys.head(tag, new_sid))
                     if head is None or not loads(head).get("staging"):
                         raise InvalidState(f"fork {new_sid!r} staging record vanished (cleaned up?)")
@@ -422,7 +423,7 @@ class Transcripts:
                 cursor = await self.db.transact(batch)
 
         # 3. Publish the head last. Guarded: only a staging head of this fork is replaced.
-        async def publish(tr: Any) -> SessionInfo:
+        async def publish(tr: Any) -> SessionInfo:  # guarded: only a staging head of this fork is replaced
             raw = await tr.get(self.keys.head(tag, new_sid))
             head = loads(raw) if raw else None
             if head is None:
@@ -445,7 +446,7 @@ class Transcripts:
         cutoff_us = int((self.clock() - older_than) * 1e6)
         removed = 0
         while True:
-            async def fn(tr: Any) -> int:
+            async def fn(tr: Any) -> int:  # guarded: re-reads each head
                 r = self.keys.staging_forks_range()
                 rows = await tr.get_range(r.start, self.keys.staging_fork(cutoff_us, "", ""), limit=50)
                 n = 0

@@ -61,7 +61,7 @@ SETTLED_EVENTS = {"run.completed", "run.failed", "run.cancelled"}
 
 
 async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
-    from .scenarios import SIM_MAX_ATTEMPTS, SimClock
+    from .scenarios import SimClock
 
     world = sc.world
     expect = checker.expect
@@ -82,10 +82,14 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
             info = infos.get(run_id) or await rt.get_run(run_id)
             expect(info.status in ("completed", "failed", "cancelled"), "every_ack_settles", 1,
                    f"run {run_id} of submission {sub} ended {info.status}")
-            expect(info.attempt <= SIM_MAX_ATTEMPTS, "attempts_bounded", 4, f"run {run_id} reached attempt {info.attempt}")
+            expect(info.attempt <= sc.max_attempts, "attempts_bounded", 4, f"run {run_id} reached attempt {info.attempt}")
             err = (info.outcome or {}).get("error") or {}
             if err.get("type") == "retry_exhausted":
                 expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
+            turn = next((t for t in sc.turns if t.submission_id == sub), None)
+            if turn is not None and turn.expect_error and not world.plan.buggify:
+                expect(info.status == "failed" and err.get("type") == turn.expect_error, "attempts_bounded", 4,
+                       f"run {run_id} ended {info.status} ({err.get('type')}), want failed {turn.expect_error}")
             # ---- promise 7
             before = sc.cancel_acked.get(run_id)
             if before is not None and before not in ("completed", "failed", "cancelled"):

@@ -71,6 +71,7 @@ class Turn:
     approve: bool | None = None  # approve (True) / deny (False) once parked
     resubmit: bool = False  # submit the same id again after the ack (a duplicate)
     conflict: bool = False  # then submit the same id with a different request
+    expect_error: str | None = None  # the run must settle failed with this error type
 
     @property
     def text(self) -> str:
@@ -93,6 +94,7 @@ class RuntimeScenario(Scenario):
     processes: tuple[str, ...] = ("p1",)
     follow = True  # a journal follower per conversation (replay == live, no gap)
     clog: bool = False  # cut the worker driving a slow tool off from the store (stale worker)
+    max_attempts = SIM_MAX_ATTEMPTS
 
     def __init__(self, world: World) -> None:
         super().__init__(world)
@@ -150,6 +152,8 @@ class RuntimeScenario(Scenario):
             if mode in ("tool", "approve", "cancel", "stale"):
                 name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "brief"}[mode]
                 return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
+            if mode == "exhaust":  # a tool every attempt, each cutting its worker off past the lease
+                return reply("again", tool_call("cutoff", {"n": results + 1}))
             if mode == "multi":
                 if results == 0:
                     return reply("two tools", tool_call("effect", {"n": 1}), tool_call("effect", {"n": 2}))
@@ -202,6 +206,13 @@ class RuntimeScenario(Scenario):
             return out
 
         @tool
+        async def cutoff(n: int, ctx: ToolContext) -> str:
+            """An effect after which the worker loses the store for longer than its lease."""
+            out = await do_effect(ctx, f"cutoff {n}")
+            proc.clog(SIM_LEASE_SECONDS * 3)
+            return out
+
+        @tool
         async def slow(n: int, ctx: ToolContext) -> str:
             """A long tool that stops early when the run is cancelled."""
             out = await do_effect(ctx, f"slow {n}")
@@ -211,7 +222,7 @@ class RuntimeScenario(Scenario):
                 await trio.sleep(0.1)
             return out
 
-        tools = [effect, guarded, slow, brief]
+        tools = [effect, guarded, slow, brief, cutoff]
         script = self.model_script()
         return {
             "sim": Agent("sim", "You are simulated.", ScriptedModel(script), tools=tools, retry=RetryPolicy()),
@@ -227,7 +238,7 @@ class RuntimeScenario(Scenario):
         agents = self.make_agents(proc)
         async with Runtime.open(
             db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
-            max_attempts=SIM_MAX_ATTEMPTS, agents=list(agents.values()),
+            max_attempts=self.max_attempts, agents=list(agents.values()),
         ) as rt:
             yield App(rt, agents, proc)
 
@@ -447,6 +458,16 @@ class TwoRuntimes(ConcurrentConversations):
     processes = ("p1", "p2")
 
 
+class AttemptsExhausted(RuntimeScenario):
+    name = "exhaustion"
+    description = "two runtimes; every attempt loses its worker past the lease; the run fails retry_exhausted"
+    processes = ("p1", "p2")
+    max_attempts = 3
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "exhaust", "s1", expect_error="retry_exhausted"), Turn("c1", "plain", "s2", delay=0.01)]
+
+
 class DuplicateSubmission(RuntimeScenario):
     name = "duplicate"
     description = "the same submission id twice (one run) and with a different request (conflict)"
@@ -467,5 +488,6 @@ class StaleWorker(RuntimeScenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
-                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, DuplicateSubmission, StaleWorker)
+                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, DuplicateSubmission,
+                        StaleWorker)
 }

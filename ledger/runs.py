@@ -202,6 +202,7 @@ class Ledger:
         self.clock = clock
         self.new_id = new_id
         self.rng = rng or random.Random()
+        self._claiming: set[bytes] = set()  # index keys claims of this process are trying
         from .usage import UsageBook
         from .steps import Steps
         self.usage = UsageBook(self)
@@ -341,6 +342,8 @@ class Ledger:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         nonce = self.new_id()
         tried: list[str] = []
+        tried_keys: set[bytes] = set()
+        mine: set[bytes] = set()
 
         async def fn(tr: Any) -> Any:  # guarded: nonce check of the last tried run
             if tried:
@@ -359,12 +362,18 @@ class Ledger:
                 kind = "rd"
             if not rows:
                 return None
-            # After a conflict, prefer an entry this claim has not tried yet.
-            fresh = (rows if not tried else [r for r in rows if self.keys.unpack(r.key)[2] not in tried]) or rows
+            # Prefer an entry no other claim of this process is trying right now
+            # (workers of one runtime then never conflict with each other) and,
+            # after a conflict, one this claim has not tried yet.
+            busy = self._claiming
+            fresh = [r for r in rows if r.key not in busy and r.key not in tried_keys] or rows
             row = fresh[self.rng.randrange(len(fresh))]
             tr.add_read_conflict_key(row.key)
             _k, us, run_id = self.keys.unpack(row.key)
             tried.append(run_id)
+            tried_keys.add(row.key)
+            mine.add(row.key)
+            busy.add(row.key)
             try:
                 run = await self._run(tr, run_id)
             except NotFound:
@@ -404,12 +413,15 @@ class Ledger:
             lease.takeover = kind == "lx"
             return lease
 
-        for _ in range(MAX_CLAIM_SKIPS):
-            result = await self.db.transact(fn)
-            if result is not _SKIP:
-                return result
-            tried.clear()
-        return None
+        try:
+            for _ in range(MAX_CLAIM_SKIPS):
+                result = await self.db.transact(fn)
+                if result is not _SKIP:
+                    return result
+                tried.clear()
+            return None
+        finally:
+            self._claiming.difference_update(mine)
 
     @staticmethod
     def _lease_from(run: dict[str, Any], rec: dict[str, Any]) -> Lease:

@@ -383,6 +383,9 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     async def _drive(self) -> None:
+        if self.claim.attempt >= self.claim.lease.max_attempts:  # the extra claim: see Store.submit
+            await self._finish_exhausted()
+            return
         await self._begin()
         while True:
             if self.cancel_event.is_set():
@@ -754,6 +757,34 @@ class Runner:
 
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
         raise RunStopped("settled")
+
+    async def _finish_exhausted(self) -> None:
+        """The claim past the last attempt: finalise dangling calls as interrupted, settle retry_exhausted."""
+        n = self.claim.lease.max_attempts - 1
+        outcome = L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
+        raw, self.messages, _cancel = await self.store.read_state_and_transcript(self.run_id, self.owner, self.conv)
+        self.head = len(self.messages)
+        if raw is None:  # it never got as far as its first write
+            await self.store.settle_now(self.claim, outcome)
+            raise RunStopped("settled retry_exhausted")
+        self.state = LoopState.from_bytes(raw)
+        a = _last_assistant(self.messages, self.state.user_seq)
+        results = [] if a is None else _dangling_results(self.messages, a, reason="interrupted")
+
+        def events(first_seq: int) -> list[tuple[str, Any]]:
+            out: list[tuple[str, Any]] = []
+            for m in results:
+                p = m["content"][0]
+                out.append((E.TOOL_COMPLETED, {"run_id": self.run_id, "call_id": p["call_id"], "name": p["name"],
+                                               "is_error": True, "reason": "interrupted", "content": p["content"]}))
+            out.extend(self._message_events(first_seq, results))
+            return out
+
+        async def extra(tr: Any, s: LoopState) -> None:
+            await self.store.settle(tr, self.claim, outcome)
+
+        await self._commit(append=results, events=events, extra=extra)
+        raise RunStopped("settled retry_exhausted")
 
     async def _finish_cancelled(self) -> None:
         st = self.state

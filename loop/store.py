@@ -127,8 +127,11 @@ class Store:
         """Guarded by the ledger's submission record (a retry returns the same run)."""
         from .runtime import Acknowledgement
 
+        # One claim beyond our own bound: the loop itself settles an exhausted run on
+        # that claim, finalising its dangling tool calls first (the ledger's own
+        # exhaustion, which cannot touch the transcript, stays as a backstop).
         ack = await self.ledger.submit(submission_id, delivery, schema, owner=owner, conversation=conv,
-                                       policy=policy, limits=limits, max_attempts=self.max_attempts)  # type: ignore[arg-type]
+                                       policy=policy, limits=limits, max_attempts=self.max_attempts + 1)  # type: ignore[arg-type]
         return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
                                duplicate=not ack.created, outcome=ack.outcome)
 
@@ -140,6 +143,10 @@ class Store:
         limits = (delivery or {}).get("limits") if isinstance(delivery, Mapping) else None
         return Claim(lease.run_id, lease.owner, lease.conversation, lease.attempt, delivery, schema, lease,
                      dict(limits or {}))
+
+    async def settle_now(self, claim: Claim, outcome: Mapping[str, Any]) -> None:
+        """Settle in a transaction of its own (idempotent with the same lease)."""
+        await self.ledger.settle(claim.lease, outcome)
 
     async def check_lease(self, tr: Any, claim: Claim) -> None:
         await self.ledger.check_lease(tr, claim.lease)
@@ -257,7 +264,10 @@ class Store:
 
         approvals = await self.pending_approvals(r.id) if r.state == L.PARKED else []
         st = await self.loop_state(r.id)
-        return RunInfo(r.id, r.conversation, r.state, r.attempt, st.agent if st else None, r.submission_id,
+        # The claim that only finalises an exhausted run is not an attempt at the work.
+        # (runs are submitted with one claim more than their bound: see submit)
+        attempt = min(r.attempt, max(1, r.max_attempts - 1))
+        return RunInfo(r.id, r.conversation, r.state, attempt, st.agent if st else None, r.submission_id,
                        r.created, r.outcome, tuple(approvals), r.cancel_requested)
 
     async def get_run(self, run_id: str, owner: str) -> "RunInfo":

@@ -487,8 +487,13 @@ async def test_retry_exhausted_after_repeated_crashes(tmp_path):
         out = await rt.wait(await rt.submit(agent, "c23", "go", submission_id=(await rt.get_run(run_id)).submission_id))
         assert out.status == "failed" and out.error["type"] == "retry_exhausted"
         msgs = await rt.transcript("c23")
-        # the first attempt's started call was finalised as interrupted by the second
-        assert any(m["role"] == "tool" and m["content"][0].get("reason") == "interrupted" for m in msgs)
+        # the first attempt's started call was finalised as interrupted by the second, and the
+        # last one's by the claim that settled the run: no call is left without a result
+        calls = [p["id"] for m in msgs for p in M.tool_calls_of(m)]
+        results = [m["content"][0] for m in msgs if m["role"] == "tool"]
+        assert calls and sorted(calls) == sorted(r["call_id"] for r in results)
+        assert all(r["reason"] == "interrupted" for r in results)
+        assert (await rt.get_run(run_id)).attempt == 2
 
 
 async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():

@@ -26,6 +26,7 @@ journal_ordered                9        positions strictly increasing, no duplic
 journal_replay_equals_live     9        what followers saw live == the replay
 journal_matches_state          9        each run: one run.queued, one settle event = its state
 usage_once_per_step            10       one usage record per (run, step)
+usage_within_ceiling           10       recorded tokens never pass a run's token ceiling
 fork_is_prefix                 2        a fork holds exactly the parent's first N messages
 kv_serializable                (kv)     the oracle replays the history (sim.oracle)
 no_unexpected_exception        -        the runtime never died of its own accord
@@ -52,7 +53,7 @@ INVARIANTS: dict[str, int | None] = {
     "attempts_bounded": 4, "transcript_tool_results": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
     "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
     "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
-    "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "fork_is_prefix": 2,
+    "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "usage_within_ceiling": 10, "fork_is_prefix": 2,
     "kv_serializable": None, "no_unexpected_exception": None, "quiescence": 4,
 }
 
@@ -87,6 +88,14 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
             if err.get("type") == "retry_exhausted":
                 expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
             turn = next((t for t in sc.turns if t.submission_id == sub), None)
+            ceiling = ((turn.limits or {}) if turn is not None else {}).get("max_total_tokens")
+            if ceiling is not None:
+                used = sum(int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))
+                           for e in await _all_events(rt, info.conversation)
+                           if e.type == "usage.updated" and (e.data or {}).get("run_id") == run_id
+                           for u in [(e.data or {}).get("usage") or {}])
+                expect(used <= ceiling, "usage_within_ceiling", 10,
+                       f"run {run_id} recorded {used} tokens past its ceiling of {ceiling}")
             if turn is not None and turn.expect_error and not world.plan.buggify:
                 expect(info.status == "failed" and err.get("type") == turn.expect_error, "attempts_bounded", 4,
                        f"run {run_id} ended {info.status} ({err.get('type')}), want failed {turn.expect_error}")

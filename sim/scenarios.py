@@ -72,6 +72,7 @@ class Turn:
     resubmit: bool = False  # submit the same id again after the ack (a duplicate)
     conflict: bool = False  # then submit the same id with a different request
     expect_error: str | None = None  # the run must settle failed with this error type
+    limits: dict[str, int] | None = None  # usage ceilings
 
     @property
     def text(self) -> str:
@@ -154,6 +155,8 @@ class RuntimeScenario(Scenario):
                 return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
             if mode == "exhaust":  # a tool every attempt, each cutting its worker off past the lease
                 return reply("again", tool_call("cutoff", {"n": results + 1}))
+            if mode == "spend":  # tools forever: only the usage ceiling stops it
+                return reply("more " + "y" * 40, tool_call("effect", {"n": results + 1}))
             if mode == "multi":
                 if results == 0:
                     return reply("two tools", tool_call("effect", {"n": 1}), tool_call("effect", {"n": 2}))
@@ -258,7 +261,7 @@ class RuntimeScenario(Scenario):
 
         async def go(app: App) -> Any:
             return await app.rt.submit(app.agents[self.agent_name(turn)], turn.conversation, text,
-                                       submission_id=turn.submission_id)
+                                       submission_id=turn.submission_id, limits=turn.limits)
 
         ack = await self.call(go)
         self.acks.setdefault(turn.submission_id, set()).add(ack.run_id)
@@ -468,6 +471,14 @@ class AttemptsExhausted(RuntimeScenario):
         return [Turn("c1", "exhaust", "s1", expect_error="retry_exhausted"), Turn("c1", "plain", "s2", delay=0.01)]
 
 
+class UsageCeiling(RuntimeScenario):
+    name = "usage-ceiling"
+    description = "a run that would loop forever is stopped by its token ceiling"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "spend", "s1", limits={"max_total_tokens": 600}, expect_error="usage_limit")]
+
+
 class DuplicateSubmission(RuntimeScenario):
     name = "duplicate"
     description = "the same submission id twice (one run) and with a different request (conflict)"
@@ -488,6 +499,6 @@ class StaleWorker(RuntimeScenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
-                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, DuplicateSubmission,
+                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling, DuplicateSubmission,
                         StaleWorker)
 }

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_child.py")
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "loop_crash_child.py")
 MARKER_TIMEOUT = 30.0
 RESUME_TIMEOUT = 60.0
 

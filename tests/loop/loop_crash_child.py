@@ -1,6 +1,6 @@
 """A child process for the crash tests: runs the embedded runtime on a data directory.
 
-    python crash_child.py SCENARIO PHASE DATA_DIR EFFECTS_FILE
+    python loop_crash_child.py SCENARIO PHASE DATA_DIR EFFECTS_FILE
 
 SCENARIO: tool | stream | backoff | approval.  PHASE: ``first`` submits the run
 and prints marker lines (JSON) as it goes, so the parent can SIGKILL it at the

@@ -15,6 +15,7 @@ submission_conflict            1        same id + different request -> refused
 no_phantom_runs                1        runs in a conversation == distinct submissions
 attempts_bounded               4        attempt <= max; exhaustion settles retry_exhausted
 transcript_tool_results        2, 3     exactly one result per tool call, after the call
+tool_call_ids_unique           2        no two tool calls of a transcript share an id
 no_duplicate_turn              2        a turn's user message appears once
 tool_at_most_once              3        an effect whose call was recorded ran <= 1 time
 tool_result_matches_effect     3        a successful result implies exactly one effect
@@ -50,7 +51,7 @@ __all__ = ["check_runtime", "INVARIANTS"]
 
 INVARIANTS: dict[str, int | None] = {
     "every_ack_settles": 1, "submission_idempotent": 1, "submission_conflict": 1, "no_phantom_runs": 1,
-    "attempts_bounded": 4, "transcript_tool_results": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
+    "attempts_bounded": 4, "transcript_tool_results": 2, "tool_call_ids_unique": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
     "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
     "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
     "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "usage_within_ceiling": 10, "fork_is_prefix": 2,
@@ -155,6 +156,7 @@ def _check_transcript(checker: "Checker", conv: str, msgs: list[dict[str, Any]],
     calls: dict[str, int] = {}
     results: dict[str, int] = {}
     users: dict[str, int] = {}
+    dup: set[str] = set()
     for i, m in enumerate(msgs):
         role = m.get("role")
         if role == "user":
@@ -162,7 +164,8 @@ def _check_transcript(checker: "Checker", conv: str, msgs: list[dict[str, Any]],
             users[t] = users.get(t, 0) + 1
         for p in m.get("content", ()) if isinstance(m.get("content"), list) else ():
             if p.get("type") == "tool_call":
-                expect(p["id"] not in calls, "transcript_tool_results", 2, f"{conv}: tool call id {p['id']} used twice")
+                if p["id"] in calls:
+                    dup.add(p["id"])
                 calls[p["id"]] = i
             elif p.get("type") == "tool_result":
                 cid = p.get("call_id")
@@ -175,7 +178,11 @@ def _check_transcript(checker: "Checker", conv: str, msgs: list[dict[str, Any]],
                         n = effects.get(mk.group(1), 0)
                         expect(n == 1, "tool_result_matches_effect", 3,
                                f"{conv}: call {cid} reported success but its effect ran {n} times")
+    for cid in sorted(dup):  # results can no longer be matched to calls by id
+        expect(False, "tool_call_ids_unique", 2, f"{conv}: tool call id {cid} used by more than one call")
     for cid in calls:
+        if cid in dup:
+            continue
         n = results.get(cid, 0)
         expect(n == 1, "transcript_tool_results", 3, f"{conv}: tool call {cid} has {n} results")
     for t, n in users.items():

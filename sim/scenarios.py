@@ -497,8 +497,35 @@ class StaleWorker(RuntimeScenario):
         return [Turn("c1", "stale", "s1")]
 
 
+class Mix(RuntimeScenario):
+    name = "mix"
+    description = "a generated mix: 1-2 runtimes, 1-3 conversations, random turns, cancels and approvals"
+
+    def __init__(self, world: World) -> None:
+        self.processes = ("p1", "p2") if world.rng.random() < 0.4 else ("p1",)
+        super().__init__(world)
+
+    def make_turns(self) -> list[Turn]:
+        rng = self.world.rng
+        turns = []
+        for i in range(rng.randint(2, 6)):
+            conv = f"c{rng.randrange(3)}"
+            mode = rng.choice(["plain", "tool", "multi", "retry", "approve", "cancel", "compact", "spend"])
+            t = Turn(conv, mode, f"s{i}", delay=rng.random() * 0.5)
+            if mode == "approve":
+                t.approve = rng.random() < 0.7
+            if mode == "spend":
+                t.limits = {"max_total_tokens": rng.choice([300, 600, 1200])}
+            if mode == "cancel" or rng.random() < 0.15:
+                t.cancel_after = rng.random() * 1.5
+            if rng.random() < 0.15:
+                t.resubmit = True
+            turns.append(t)
+        return turns
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
                         CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling, DuplicateSubmission,
-                        StaleWorker)
+                        StaleWorker, Mix)
 }

@@ -286,3 +286,28 @@ async def test_routing_errors_drain_the_body_on_a_kept_alive_connection():
                 r = await c.post("/v1/no/such/route", content=b"x" * 7000)
                 assert r.status_code == 404
             assert (await c.get("/v1/conversations")).status_code == 200
+
+
+async def test_message_forms_and_message_cap():
+    from server.limits import MAX_MESSAGE_BYTES
+
+    async with serving() as s:
+        async with s.client() as c:
+            r = await c.post("/v1/conversations/c/messages", json={
+                "message": {"role": "user", "content": [{"type": "text", "text": "as an object"}]}})
+            assert r.status_code == 202
+            info = await wait_settled(c, r.json()["run_id"])
+            assert info["status"] == "completed" and "as an object" in info["outcome"]["text"]
+            for bad in [{"role": "assistant", "content": [{"type": "text", "text": "x"}]},
+                        {"role": "user", "content": []}, {"role": "user", "content": [{"type": "image"}]},
+                        {"role": "user", "content": "x"}, {"anything": 1}]:
+                r = await c.post("/v1/conversations/c/messages", json={"message": bad})
+                assert r.status_code == 400, bad
+            r = await c.post("/v1/conversations/c/messages", json={"message": "é" * (MAX_MESSAGE_BYTES // 2)})
+            assert r.status_code == 202  # exactly at the cap (2 bytes a character)
+            r = await c.post("/v1/conversations/c/messages", json={"message": "x" * (MAX_MESSAGE_BYTES + 7)})
+            err = r.json()["error"]
+            assert r.status_code == 413 and err["limit"] == "message" and err["over_by_bytes"] == 7
+            r = await c.post("/v1/conversations/c/messages", content=b'{"message": "\\udb70"}',
+                             headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

@@ -19,6 +19,8 @@ Public face::
     ack.submission_id, ack.run_id, ack.cursor, ack.status, ack.outcome, ack.created
 
     lease = await ledger.claim(worker_id, lease_seconds=30)   # Lease | None
+    # claim(..., finalize_exhausted=True): the first claim past max_attempts comes back with
+    # lease.exhausted=True so the worker tidies the transcript and settles retry_exhausted itself
     lease.run_id, lease.token, lease.attempt, lease.expires_at, lease.owner, lease.conversation
     delivery, schema = await ledger.get_request(lease.run_id)
     await ledger.renew(lease)                                  # LeaseLost if taken over

@@ -133,6 +133,9 @@ class Lease:
     submission_id: str
     #: True when this claim took over an expired lease (the previous execution may have died mid-way).
     takeover: bool = False
+    #: True when the run's attempts are used up and this claim (``finalize_exhausted=True``) exists
+    #: only to finalise it: tidy up and settle ``failed("retry_exhausted")``.
+    exhausted: bool = False
     #: Step names used in this execution (durable steps refuse reuse).
     step_names: set[str] = field(default_factory=set)
 
@@ -330,8 +333,16 @@ class Ledger:
 
     # -- claim / lease ------------------------------------------------------
 
-    async def claim(self, worker_id: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease | None:
+    async def claim(self, worker_id: str, lease_seconds: float = DEFAULT_LEASE_SECONDS, *,
+                    finalize_exhausted: bool = False) -> Lease | None:
         """Take the next runnable run (an expired lease first), or None when there is none.
+
+        A run whose attempts are used up is settled failed (``retry_exhausted``)
+        inside the claim. With ``finalize_exhausted=True`` the first claim past
+        the bound is instead handed to the worker with ``lease.exhausted`` set (no
+        run.started), so it can tidy the transcript (e.g. finalise a dangling tool
+        call) and settle ``failed("retry_exhausted")`` itself; if that claim dies
+        too, the next claim settles the run in the ledger as a backstop.
 
         Guarded: the lease carries a nonce chosen before the first attempt; a
         retry (possibly after a 1021 whose commit happened) first checks
@@ -390,8 +401,9 @@ class Ledger:
                 tr.clear(row.key)
                 return _SKIP
             attempt = run["attempt"] + 1
-            if attempt > run["max_attempts"]:
-                run["attempt"] = attempt - 1
+            exhausted = attempt > run["max_attempts"]
+            if exhausted and not (finalize_exhausted and attempt == run["max_attempts"] + 1):
+                run["attempt"] = run["max_attempts"]
                 await self._finish_tr(tr, run, failed(
                     "retry_exhausted", f"run gave up after {run['max_attempts']} attempts",
                     attempts=run["max_attempts"]))
@@ -406,11 +418,13 @@ class Ledger:
             tr.set(self.keys.expiry(expires_us, run_id), b"")
             run.update(state=RUNNING, attempt=attempt, claims=token, rd=None)
             self._put_run(tr, run)
-            await self.journal.emit(tr, run["owner"], run["conversation"], ev.RUN_STARTED, {
-                "run_id": run_id, "attempt": attempt, "max_attempts": run["max_attempts"],
-                "takeover": kind == "lx"})
+            if not exhausted:  # the finalizing claim of an exhausted run starts no attempt
+                await self.journal.emit(tr, run["owner"], run["conversation"], ev.RUN_STARTED, {
+                    "run_id": run_id, "attempt": attempt, "max_attempts": run["max_attempts"],
+                    "takeover": kind == "lx"})
             lease = self._lease_from(run, lease_rec)
             lease.takeover = kind == "lx"
+            lease.exhausted = exhausted
             return lease
 
         try:

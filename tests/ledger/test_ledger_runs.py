@@ -301,3 +301,25 @@ async def test_release_makes_runnable_again_and_claim_after_1021(db, inject_1021
     assert again.token == 2 and again.attempt == 1
     await L.settle(again, failed("boom", "it broke"))
     assert (await L.wait_settled(ack.run_id))["error"]["type"] == "boom"
+
+
+async def test_finalize_exhausted_hands_the_last_claim_to_the_worker(db, clock):
+    s, L = make(db, clock)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c", max_attempts=2)
+    for _ in range(2):
+        assert not (await L.claim("w", lease_seconds=1, finalize_exhausted=True)).exhausted
+        clock.advance(2)
+    fin = await L.claim("w", lease_seconds=1, finalize_exhausted=True)
+    assert fin.exhausted and fin.run_id == ack.run_id
+    await L.settle(fin, failed("retry_exhausted", "gave up after 2 attempts"))
+    assert (await L.get_run(ack.run_id)).outcome["error"]["type"] == "retry_exhausted"
+    types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
+    assert types.count(events.RUN_STARTED) == 2 and types[-1] == events.RUN_FAILED
+    # a finalizing claim that dies too: the ledger settles the run itself
+    b = await L.submit("k2", {}, None, owner=OWNER, conversation="d", max_attempts=1)
+    await L.claim("w", lease_seconds=1, finalize_exhausted=True)
+    clock.advance(2)
+    assert (await L.claim("w", lease_seconds=1, finalize_exhausted=True)).exhausted
+    clock.advance(2)
+    assert await L.claim("w", lease_seconds=1, finalize_exhausted=True) is None
+    assert (await L.get_run(b.run_id)).outcome["error"]["type"] == "retry_exhausted"

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from .faults import FaultPlan
-from .harness import RunResult, replay_command
+from .harness import RunResult
 from .session import Summary, all_scenarios, run_session
 
 __all__ = ["add_commands", "cmd_sim", "print_summary"]

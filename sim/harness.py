@@ -15,8 +15,7 @@ same seed, so crash point k is the same instant of the same history.
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Callable, Iterator
 
 import trio

@@ -27,7 +27,7 @@ import os
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Awaitable, Callable, Iterator, TypeVar
 
 import trio
@@ -35,6 +35,11 @@ import trio.testing
 from trio._core import _run as _trio_run  # private: the scheduler's PRNG and determinism flag
 
 import kv
+
+# The two private names the deterministic scheduler relies on (pyproject pins trio>=0.25,<0.33).
+if not (isinstance(getattr(_trio_run, "_r", None), random.Random)
+        and hasattr(_trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")):  # pragma: no cover - a trio outside the pin
+    raise ImportError(f"sim needs trio's _core._run._r and _ALLOW_DETERMINISTIC_SCHEDULING (trio {trio.__version__})")
 
 from .faults import Buggify, Crash, FaultPlan, SimHooks
 from .oracle import Oracle, RecordingDatabase

@@ -14,7 +14,7 @@ import trio
 from trio._core import _run as trio_run
 
 import kv
-from sim import FaultPlan, Scenario, World, run_once
+from sim import FaultPlan, Scenario, run_once
 from sim.faults import BUGGIFY_ENABLE, BUGGIFY_FIRE, Buggify
 from sim.harness import random_plan
 from sim.kvworkloads import CycleScenario, OutboxScenario

@@ -76,6 +76,8 @@ MAX_EVENT_BYTES = 90_000
 MAX_EVENTS_PER_TRANSACTION = 65_535
 #: Trim deletes at most this many events per transaction (stays far under 5 s / 10 MB).
 TRIM_BATCH = 5_000
+#: Conversations whose small growth the trimmer remembers between sweeps.
+MAX_TRACKED_CONVERSATIONS = 100_000
 #: Conversation ids are key parts.
 MAX_CONVERSATION_ID = 512
 #: Cursor = 12 bytes, hex.
@@ -478,37 +480,42 @@ class Journal:
             if n < TRIM_BATCH:
                 return total
 
-    async def maybe_trim(self, *, all_grown: bool = False) -> int:
-        """Trim every conversation that grew past the slack since its last trim (with
-        ``all_grown``: every conversation that grew at all, plus those trimmed by the
-        previous sweep — growth is counted at emit time, before commit, so an emit
-        in flight during a trim is only visible to the next one)."""
+    async def maybe_trim(self, *, sweep: bool = False) -> int:
+        """Trim every conversation that grew past the slack since its last trim. With
+        ``sweep``, also re-trim those trimmed recently: growth is counted at emit
+        time, before commit, so an emit in flight during a trim is only visible to
+        a later one (a conversation leaves the recent set once a trim finds nothing
+        to do). Conversations that grew less than the slack are remembered, up to
+        ``MAX_TRACKED_CONVERSATIONS``; past that a sweep trims them all and forgets."""
         if not self.retention:
             self._grown.clear()
             return 0
-        if all_grown:
-            due = set(self._grown) | self._recent
-            self._recent = set(self._grown)
-        else:
-            due = {ck for ck, n in self._grown.items() if n >= self.trim_slack}
-            self._recent |= due
+        due = {ck for ck, n in self._grown.items() if n >= self.trim_slack}
+        if sweep:
+            due |= self._recent
+            self._recent = set()
+            if len(self._grown) > MAX_TRACKED_CONVERSATIONS:
+                due |= set(self._grown)
         total = 0
         for tag, conv in sorted(due):
             self._grown.pop((tag, conv), None)
-            total += await self.trim(tag, conv)
+            n = await self.trim(tag, conv)
+            total += n
+            if n or not sweep:
+                self._recent.add((tag, conv))
         return total
 
     async def run_trimmer(self, *, interval: float = 1.0, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Service task: trims grown conversations as emits report them, and every
-        ``interval`` seconds sweeps whatever grew at all (growth is counted at emit
-        time, before commit, so a trim can race an in-flight emit; the sweep catches
-        up). Start it in the runtime's nursery: ``await nursery.start(journal.run_trimmer)``."""
+        ``interval`` seconds sweeps the recently trimmed ones again (growth is counted
+        at emit time, before commit, so a trim can race an in-flight emit; the sweep
+        catches up). Start it in the runtime's nursery: ``await nursery.start(journal.run_trimmer)``."""
         task_status.started()
         while True:
             with trio.move_on_after(interval) as scope:
                 await self._grown_event.wait()
             self._grown_event = trio.Event()
             try:
-                await self.maybe_trim(all_grown=scope.cancelled_caught)
+                await self.maybe_trim(sweep=scope.cancelled_caught)
             except kv.KVError as e:  # retention is best effort; the next growth retries
                 log.warning("journal trim failed: %s", e)

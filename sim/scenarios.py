@@ -16,6 +16,7 @@ counter inside a process, so a restarted process replays the same script.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
 SETTLED = ("completed", "failed", "cancelled")
 
 assert CLOG_SECONDS > SIM_LEASE_SECONDS
+
+
+# The simulated process whose task is running (set at boot; trio tasks inherit it).
+CURRENT_PROCESS: contextvars.ContextVar[Process] = contextvars.ContextVar("sim_process")
 
 
 class SimClock(Clock):
@@ -110,6 +115,7 @@ class RuntimeScenario(Scenario):
         self.model_calls: dict[Any, int] = {}
         self.tools_called: dict[str, int] = {}
         self._clog_done = False
+        self._agents: dict[str, Agent] | None = None
 
     def make_turns(self) -> list[Turn]:
         return [Turn("c1", "plain", "s1")]
@@ -169,11 +175,14 @@ class RuntimeScenario(Scenario):
 
         return script
 
-    def make_agents(self, proc: Process) -> dict[str, Agent]:
+    def make_agents(self) -> dict[str, Agent]:
+        """The scenario's agents, built once per run and shared by its processes (deriving tool
+        schemas is not free); a tool finds the process it runs in through :data:`CURRENT_PROCESS`."""
         world = self.world
         scenario = self
 
         async def do_effect(ctx: ToolContext, what: str) -> str:
+            proc = CURRENT_PROCESS.get()
             key = f"{ctx.run_id}/{ctx.call_id}"
             scenario.tools_called[key] = scenario.tools_called.get(key, 0) + 1
             await trio.sleep(world.rng.random() * 0.01)
@@ -212,7 +221,7 @@ class RuntimeScenario(Scenario):
         async def cutoff(n: int, ctx: ToolContext) -> str:
             """An effect after which the worker loses the store for longer than its lease."""
             out = await do_effect(ctx, f"cutoff {n}")
-            proc.clog(SIM_LEASE_SECONDS * 3)
+            CURRENT_PROCESS.get().clog(SIM_LEASE_SECONDS * 3)
             return out
 
         @tool
@@ -238,7 +247,10 @@ class RuntimeScenario(Scenario):
 
     @asynccontextmanager
     async def boot(self, proc: Process) -> AsyncIterator[App]:
-        agents = self.make_agents(proc)
+        if self._agents is None:
+            self._agents = self.make_agents()
+        agents = self._agents
+        CURRENT_PROCESS.set(proc)  # inherited by every task the runtime starts
         async with Runtime.open(
             db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
             max_attempts=self.max_attempts, agents=list(agents.values()),

@@ -37,11 +37,20 @@ def test_an_exhausted_run_leaves_no_tool_call_without_a_result():
     "can no longer be matched to calls by id. The runner keys per-call state (started/done, approvals, "
     "idempotency keys) by the provider's id, so a provider that repeats ids within a run (some "
     "OpenAI-compatible local servers number calls per response) would hit the same. "
-    "Replay: surefoot sim --scenario mix --seed 121 --buggify"))
+    "Found by: surefoot sim --scenario mix --seed 121 --buggify (before sim 11:20); reproduced below "
+    "without faults: three two-tool turns on an agent that compacts at a threshold."))
 def test_tool_call_ids_stay_unique_across_compaction():
     from sim import run_once
-    from sim.harness import random_plan
-    from sim.scenarios import SCENARIOS
+    from sim.scenarios import RuntimeScenario, Turn
 
-    r = run_once(SCENARIOS["mix"], 121, random_plan(121))
+    class CompactingToolTurns(RuntimeScenario):
+        name = "compaction-tools"
+
+        def make_turns(self):
+            return [Turn("c1", "multi", f"s{i}", delay=i * 0.01) for i in range(3)]
+
+        def agent_name(self, turn):
+            return "sim-compact"  # threshold compaction between and within turns
+
+    r = run_once(CompactingToolTurns, 1)
     assert "tool_call_ids_unique" not in {v.invariant for v in r.violations}, r.violations

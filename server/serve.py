@@ -130,10 +130,9 @@ async def serve_store(
         print(f"surefoot serve: {e}", file=sys.stderr)
         return 1
     try:
-        # The embedded engine is owned by this one process, so leases left by an earlier incarnation
-        # are void at once. On FoundationDB other serve processes may hold live leases: leave them to expire.
-        shared = url.startswith("fdb")
-        async with Runtime.open(db=db, workers=workers, agents=[agent], void_leases_on_open=not shared) as rt:
+        # Recovery is the Runtime's: runs whose leases lapsed (a killed process) are re-claimed, and a
+        # clean exit of the block releases in-flight leases (so a restart resumes at once).
+        async with Runtime.open(db=db, workers=workers, agents=[agent]) as rt:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_signals, shutdown, nursery.cancel_scope)
 

@@ -47,6 +47,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--crash-before", type=int, metavar="K", help="replay: crash before write K")
     g.add_argument("--crash-after", type=int, metavar="K", help="replay: crash after write K")
     g.add_argument("--buggify", action="store_true", help="replay: one random-mode run (BUGGIFY faults) of --seed")
+    p.add_argument("--show-trace", type=int, default=0, metavar="N",
+                   help="for each failure, replay it and print the last N trace lines (commits, crashes, faults)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (CI logs)")
     p.set_defaults(func=cmd_sim)
 
@@ -91,6 +93,18 @@ def cmd_sim(args: argparse.Namespace) -> int:
         summary = run_session(names, seed, exhaustive_mode=args.exhaustive, runs=runs,
                               time_budget=args.time_budget, plan=plan, on_result=on_result)
     print_summary(summary, console)
+    if args.show_trace:
+        from .harness import run_once
+
+        for f in summary.failures:
+            r = f.shrunk or f.result
+            world_trace: list[str] = []
+            again = run_once(all_scenarios()[r.scenario], r.seed, r.plan, trace_keep=args.show_trace,
+                             on_world=lambda w: world_trace.append(w))
+            console.print(f"[bold]trace of {r.scenario} seed {r.seed} ({r.plan.describe()}), last lines:[/]")
+            for line in world_trace[0].trace.tail if world_trace else []:
+                console.print("   " + line, highlight=False, markup=False)
+            assert again.trace == r.trace, "replay diverged"
     return 0 if summary.ok else 1
 
 

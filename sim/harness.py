@@ -91,10 +91,13 @@ class RunResult:
 ScenarioFactory = Callable[[World], Scenario]
 
 
-def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0) -> RunResult:
+def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0,
+             on_world: Callable[[World], Any] | None = None) -> RunResult:
     """One complete run: boot, drive, recover to quiescence, check."""
     plan = plan or FaultPlan()
     world = World(seed, plan, trace_keep=trace_keep)
+    if on_world is not None:
+        on_world(world)
     scenario = factory(world)
     checker = Checker(world)
     t0 = _time.perf_counter()

@@ -24,7 +24,7 @@ from server.auth import AuthConfig, Authenticator  # noqa: E402
 from server.serve import serve_store  # noqa: E402
 
 TICKS = 4
-TICK_SECONDS = 0.15
+TICK_SECONDS = float(os.environ.get("SUREFOOT_TEST_TICK_SECONDS", "0.15"))
 
 
 def main() -> int:

@@ -22,9 +22,10 @@ SSE = {"Accept": "text/event-stream"}
 ENV = {**os.environ, "SUREFOOT_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
 
 
-def start_child(data: Path, port: int, effects: Path) -> subprocess.Popen:
+def start_child(data: Path, port: int, effects: Path, tick: float = 0.15) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(HERE / "serve_child.py"), str(data), str(port), str(effects)],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env={**ENV, "SUREFOOT_TEST_TICK_SECONDS": str(tick)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def start_cli(data: Path, port: int, *extra: str) -> subprocess.Popen:
@@ -169,6 +170,41 @@ async def test_sigterm_is_graceful_and_second_process_refused(tmp_path):
             assert "You said: hello" in json.dumps(msgs)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+async def test_sigterm_mid_turn_releases_leases_so_a_restart_resumes_at_once(tmp_path):
+    data, effects = tmp_path / "data", tmp_path / "effects.txt"
+    effects.touch()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_child(data, port, effects, tick=3.0)  # a turn far longer than the shutdown
+    try:
+        await wait_healthy(url, proc)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+            ack = (await c.post("/v1/conversations/t/messages", json={"message": "go"})).json()
+            with trio.fail_after(20):
+                while not effects.read_text().split():
+                    await trio.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        proc = start_child(data, port, effects, tick=0.05)
+        await wait_healthy(url, proc)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+            # well inside the 10 s lease: the lease was released, not left to lapse
+            with trio.fail_after(6):
+                while True:
+                    info = (await c.get(f"/v1/runs/{ack['run_id']}")).json()
+                    if info["status"] == "completed":
+                        break
+                    await trio.sleep(0.05)
+            events = (await c.get("/v1/conversations/t/events")).json()["events"]
+            starts = [e for e in events if e["type"] == "run.started"]
+            assert len(starts) >= 2, "the turn must have been cut by the shutdown and resumed"
+        assert max(Counter(effects.read_text().split()).values()) == 1
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -22,15 +22,27 @@ CI_TIME_BUDGET_SECONDS = 150.0
 @pytest.mark.slow
 def test_bounded_simulation_keeps_every_promise():
     names = sorted(all_scenarios())
-    summary = run_session(names, CI_SEED, exhaustive_mode=True, runs=CI_RANDOM_RUNS,
-                          time_budget=CI_TIME_BUDGET_SECONDS, max_failures=1_000)
-    assert summary.runs >= len(names) and summary.crash_points > 0 and summary.checks > summary.runs
-    assert set(summary.by_scenario) == set(names)  # the budget reached every scenario
+    # Each scenario gets its own slice of the budget, so a slow machine still covers all of them
+    # (exhaustively where the slice allows), then the random seeds get what is left.
+    sessions = []
+    spent = 0.0
+    for i, n in enumerate(names):
+        share = (CI_TIME_BUDGET_SECONDS * 0.75 - spent) / (len(names) - i)  # what quick scenarios leave
+        sessions.append(run_session([n], CI_SEED, exhaustive_mode=True, time_budget=max(share, 1.0), max_failures=1_000))
+        spent += sessions[-1].wall_seconds
+    sessions.append(run_session(names, CI_SEED, runs=CI_RANDOM_RUNS, time_budget=CI_TIME_BUDGET_SECONDS * 0.25,
+                                max_failures=1_000))
+    runs = sum(s.runs for s in sessions)
+    assert all(s.runs > 1 and s.crash_points > 0 for s in sessions[:-1])  # every scenario crashed somewhere
+    assert sum(s.checks for s in sessions) > runs
+
     def known(scenario: str, invariant: str) -> bool:
         return (scenario, invariant) in KNOWN_BUGS or ("*", invariant) in KNOWN_BUGS
 
-    unexpected = [f for f in summary.failures
-                  if not all(known(f.result.scenario, v.invariant) for v in f.result.violations)]
+    failures = [f for s in sessions for f in s.failures]
+    unexpected = [f for f in failures if not all(known(f.result.scenario, v.invariant) for v in f.result.violations)]
     assert not unexpected, "\n".join(
         f"{f.command}: {'; '.join(map(str, f.result.violations[:3]))}" for f in unexpected[:5])
-    print(f"\nsim: {summary.figures()}")
+    print(f"\nsim: {runs} runs, {sum(s.crash_points for s in sessions)} crash points, "
+          f"{sum(s.checks for s in sessions)} checks, exhaustive complete for "
+          f"{sum(not s.budget_exhausted for s in sessions[:-1])}/{len(names)} scenarios")

@@ -14,7 +14,7 @@ Modes (``surefoot serve --auth``):
   issuer, subject from ``sub``); both are escaped so that ``/`` (which owner tags
   refuse, and which every URL issuer contains) maps injectively into a tag.
   Missing key or issuer -> 503.
-* ``none`` — development only: every request is the local owner. Never the default.
+There is deliberately no "no auth" mode.
 
 Stream tokens: EventSource cannot send headers, so ``POST /v1/stream-tokens``
 issues a short-lived token (10 minutes) signed with the server's stream key,
@@ -54,7 +54,7 @@ MAX_CREDENTIAL_LENGTH = 8_192
 JWT_LEEWAY_SECONDS = 30
 assert STREAM_TOKEN_SECONDS == 600 and MAX_CREDENTIAL_LENGTH > 0
 
-MODES = ("token", "jwt", "none")
+MODES = ("token", "jwt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class Principal:
     """Who is asking: the owner tag every resource is stored and checked under."""
 
     owner: str  # "realm/subject"
-    via: str    # "token" | "jwt" | "stream-token" | "none"
+    via: str    # "token" | "jwt" | "stream-token"
     conversation: str | None = None  # a stream token bound to one conversation
 
 
@@ -135,7 +135,7 @@ class Authenticator:
             return self._token is not None
         if c.mode == "jwt":
             return bool(c.jwt_key and c.jwt_issuer)
-        return True
+        return False
 
     def _require_configured(self) -> None:
         if not self.configured():
@@ -148,8 +148,6 @@ class Authenticator:
         """The principal for an ``Authorization`` header value; fails closed."""
         self._require_configured()
         mode = self.config.mode
-        if mode == "none":
-            return Principal(LOCAL_OWNER.tag, "none")
         bearer = _bearer(authorization)
         if bearer is None:
             raise _unauthorized()

@@ -50,10 +50,10 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="echo", help="echo | anthropic:MODEL | openai:MODEL@BASE_URL")
     p.add_argument(
         "--auth",
-        choices=("token", "jwt", "none"),
+        choices=("token", "jwt"),
         default="token",
-        help="token: SUREFOOT_TOKEN bearer; jwt: SUREFOOT_JWT_KEY/SUREFOOT_JWT_ISSUER; "
-        "none: local development only, every request is one local user",
+        help="token: SUREFOOT_TOKEN bearer; jwt: SUREFOOT_JWT_KEY/SUREFOOT_JWT_ISSUER (+ SUREFOOT_JWT_AUDIENCE, "
+        "SUREFOOT_JWT_ALGORITHMS). Unconfigured -> every /v1 route answers 503 (fails closed)",
     )
     p.add_argument("--backlog", type=int, default=2048, help="listen backlog (bursts of SSE followers)")
     p.add_argument("--log-level", default="info")

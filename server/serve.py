@@ -156,8 +156,6 @@ async def _serve(args: argparse.Namespace) -> int:
     if not authenticator.configured():
         log.warning("authentication (%s) is not configured: every /v1 route answers 503 until it is "
                     "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
-    if args.auth == "none":
-        log.warning("--auth none: every request acts as the local owner; never expose this server")
     return await serve_store(
         url, authenticator=authenticator, agent=default_agent(args.model), workers=args.workers,
         host=args.host, port=args.port, backlog=args.backlog,

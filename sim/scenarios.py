@@ -101,6 +101,8 @@ class RuntimeScenario(Scenario):
     follow = True  # a journal follower per conversation (replay == live, no gap)
     clog: bool = False  # cut the worker driving a slow tool off from the store (stale worker)
     max_attempts = SIM_MAX_ATTEMPTS
+    journal_retention: int | None = None  # None: the runtime's default
+    follower_pause = 0.0  # a slow reader (virtual seconds per event) falls behind retention
 
     def __init__(self, world: World) -> None:
         super().__init__(world)
@@ -116,6 +118,7 @@ class RuntimeScenario(Scenario):
         self.tools_called: dict[str, int] = {}
         self._clog_done = False
         self._agents: dict[str, Agent] | None = None
+        self.behind: dict[str, int] = {}  # conversation -> times its follower was told it fell behind
 
     def make_turns(self) -> list[Turn]:
         return [Turn("c1", "plain", "s1")]
@@ -254,6 +257,7 @@ class RuntimeScenario(Scenario):
         async with Runtime.open(
             db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
             max_attempts=self.max_attempts, agents=list(agents.values()),
+            journal_retention=self.journal_retention,
         ) as rt:
             yield App(rt, agents, proc)
 
@@ -317,13 +321,20 @@ class RuntimeScenario(Scenario):
             await trio.sleep(0.5 + self.world.rng.random())
 
     async def follower(self, conversation: str) -> None:
-        """Follow a conversation's journal live, resuming from the last cursor after a crash."""
+        """Follow a conversation's journal live, resuming from the last cursor after a crash; told it
+        fell behind retention, start again from the oldest retained event, de-duplicating by position."""
         seen = self.followed.setdefault(conversation, [])
+        behind = {"now": False}
 
         async def go(app: App) -> None:
-            after = seen[-1][0] if seen else None
+            after = None if behind["now"] or not seen else seen[-1][0]
+            behind["now"] = False
             async for ev in app.rt.events(conversation, after=after):
+                if seen and ev.cursor <= seen[-1][0]:
+                    continue  # already seen before a restart from the oldest retained event
                 seen.append((ev.cursor, ev.type))
+                if self.follower_pause:
+                    await trio.sleep(self.follower_pause)
 
         while True:
             try:
@@ -331,9 +342,15 @@ class RuntimeScenario(Scenario):
             except ProcessDied:
                 continue
             except Exception as e:  # noqa: BLE001 - e.g. the conversation does not exist yet
-                if type(e).__name__ not in ("NotFound", "KVError"):
+                name = type(e).__name__
+                if name == "CursorBehind":
+                    behind["now"] = True
+                    self.world.trace.add("behind", conversation, getattr(e, "first_retained", None))
+                    self.behind[conversation] = self.behind.get(conversation, 0) + 1
+                    continue
+                if name not in ("NotFound", "KVError"):
                     raise
-                await trio.sleep(0.5)
+                await trio.sleep(0.01)
 
     async def drive(self) -> None:
         async with trio.open_nursery() as followers:
@@ -350,7 +367,7 @@ class RuntimeScenario(Scenario):
                 await self._settle_all()
             self.world.faults_on = False
             await self._settle_all()
-            await trio.sleep(0.1)  # let followers catch up with the last events
+            await trio.sleep(0.1 + self.follower_pause * 20)  # let followers catch up with the last events
             followers.cancel_scope.cancel()
 
     async def after_turns(self) -> None:
@@ -509,6 +526,16 @@ class StaleWorker(RuntimeScenario):
         return [Turn("c1", "stale", "s1")]
 
 
+class Retention(RuntimeScenario):
+    name = "retention"
+    description = "a journal keeping 6 events and a slow follower that falls behind and catches up"
+    journal_retention = 6
+    follower_pause = 0.2
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "multi", "s1"), Turn("c1", "tool", "s2", delay=0.01)]
+
+
 class Mix(RuntimeScenario):
     name = "mix"
     description = "a generated mix: 1-2 runtimes, 1-3 conversations, random turns, cancels and approvals"
@@ -539,5 +566,5 @@ class Mix(RuntimeScenario):
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
                         CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling, DuplicateSubmission,
-                        StaleWorker, Mix)
+                        StaleWorker, Retention, Mix)
 }

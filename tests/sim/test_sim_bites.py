@@ -82,3 +82,31 @@ def test_the_stand_in_workload_bites_too(monkeypatch, flag, invariant):
 @pytest.mark.parametrize("scenario", ["tool", "duplicate", "stale-worker", "plain", "kv-outbox"])
 def test_the_unpatched_searches_are_clean(scenario):
     _clean(scenario)
+
+
+def test_a_follower_that_skips_an_event_is_caught(monkeypatch):
+    follow = sessions.journal.Journal.follow
+
+    async def lossy_follow(self, *a, **k):  # loses the third event it would yield (a gap)
+        n = 0
+        async for ev in follow(self, *a, **k):
+            n += 1
+            if n != 3:
+                yield ev
+
+    monkeypatch.setattr(sessions.journal.Journal, "follow", lossy_follow)
+    _assert_bites(_search(monkeypatch, "tool"), "journal_replay_equals_live", "tool")
+
+
+def test_the_retention_scenario_really_falls_behind():
+    from sim import run_once
+    from sim.scenarios import SCENARIOS
+
+    box = {}
+
+    def factory(world):
+        box["s"] = SCENARIOS["retention"](world)
+        return box["s"]
+
+    r = run_once(factory, 1)
+    assert r.ok and box["s"].behind.get("c1", 0) >= 1 and len(box["s"].followed["c1"]) > 6

@@ -201,6 +201,18 @@ def _e(k: bytes | KeySelector | None) -> bytes | KeySelector:
     return SYSTEM_KEY_PREFIX if k is None else k
 
 
+def _merge_interval(intervals: list[tuple[bytes, bytes]], begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+    """Insert [begin, end) into sorted disjoint ``intervals``, merging what it touches."""
+    lo = bisect.bisect_left(intervals, (begin,))
+    if lo > 0 and intervals[lo - 1][1] >= begin:
+        lo -= 1
+    hi = lo
+    while hi < len(intervals) and intervals[hi][0] <= end:
+        begin, end = min(begin, intervals[hi][0]), max(end, intervals[hi][1])
+        hi += 1
+    return intervals[:lo] + [(begin, end)] + intervals[hi:]
+
+
 def _strinc(prefix: bytes) -> bytes:
     p = prefix.rstrip(b"\xff")
     if not p:
@@ -239,7 +251,8 @@ class Transaction:
         self._clear_begins: list[bytes] = []
         self._mutations: list[tuple] = []
         self._stamped: list[tuple[int, str, bytes, bytes, int]] = []
-        self._unreadable_ranges: list[tuple[bytes, bytes]] = []
+        self._unreadable_ranges: list[tuple[bytes, bytes]] = []  # disjoint, sorted
+        self._unreadable_begins: list[bytes] = []
         self._read_ranges: list[tuple[bytes, bytes]] = []
         self._write_ranges: list[tuple[bytes, bytes]] = []
         self._size = 0
@@ -316,9 +329,11 @@ class Transaction:
         return i >= 0 and key < self._clears[i][1]
 
     def _check_readable(self, begin: bytes, end: bytes) -> None:
-        for b, e in self._unreadable_ranges:
-            if b < end and begin < e:
-                raise KVError(1036, "range includes a versionstamped key written by this transaction")
+        """1036 if [begin, end) meets a range a versionstamped key may land in (disjoint, sorted)."""
+        ranges = self._unreadable_ranges
+        i = bisect.bisect_right(self._unreadable_begins, begin) - 1
+        if (i >= 0 and ranges[i][1] > begin) or (i + 1 < len(ranges) and ranges[i + 1][0] < end):
+            raise KVError(1036, "range includes a versionstamped key written by this transaction")
 
     async def get(self, key: bytes) -> bytes | None:
         return await self._get(key, snapshot=False)
@@ -577,21 +592,8 @@ class Transaction:
         self.clear_range(prefix, _strinc(prefix))
 
     def _merge_clear(self, begin: bytes, end: bytes) -> None:
-        merged: list[tuple[bytes, bytes]] = []
-        placed = False
-        for b, e in self._clears:
-            if e < begin or b > end:
-                if b > end and not placed:
-                    merged.append((begin, end))
-                    placed = True
-                merged.append((b, e))
-            else:
-                begin, end = min(b, begin), max(e, end)
-        if not placed:
-            merged.append((begin, end))
-        merged.sort()
-        self._clears = merged
-        self._clear_begins = [b for b, _ in merged]
+        self._clears = _merge_interval(self._clears, begin, end)
+        self._clear_begins = [b for b, _ in self._clears]
 
     def _atomic(self, op: int, key: bytes, param: bytes) -> None:
         self._check_usable()
@@ -666,7 +668,8 @@ class Transaction:
         self._stamped.append((index, "key", body, bytes(value), offset))
         low = body[:offset] + b"\x00" * 10 + body[offset + 10 :]
         high = body[:offset] + b"\xff" * 10 + body[offset + 10 :]
-        self._unreadable_ranges.append((low, key_after(high)))
+        self._unreadable_ranges = _merge_interval(self._unreadable_ranges, low, key_after(high))
+        self._unreadable_begins = [b for b, _ in self._unreadable_ranges]
         self._size += len(body) + len(value)
         # its write conflict is added on the final key at commit
         self._next_write_no_conflict = False

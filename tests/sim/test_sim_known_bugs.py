@@ -54,3 +54,17 @@ def test_tool_call_ids_stay_unique_across_compaction():
 
     r = run_once(CompactingToolTurns, 1)
     assert "tool_call_ids_unique" not in {v.invariant for v in r.violations}, r.violations
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "loop (after 29ca27d) + ledger claim (promises 2/3): the loop finalises dangling calls when it settles "
+    "retry_exhausted on the one claim past the bound, but if that attempt dies too (crash / storage error), "
+    "the next claim is settled retry_exhausted inside the ledger's claim and the last started call keeps no "
+    "result (c1: tool call call_5_0 has 0 results). Replay: surefoot sim --scenario exhaustion --seed 42 --buggify"))
+def test_an_exhausted_run_whose_last_attempt_also_dies_leaves_no_dangling_call():
+    from sim import run_once
+    from sim.harness import random_plan
+    from sim.scenarios import SCENARIOS
+
+    r = run_once(SCENARIOS["exhaustion"], 42, random_plan(42))
+    assert "transcript_tool_results" not in {v.invariant for v in r.violations}, r.violations

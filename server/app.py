@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import parse_qsl
+
+import trio
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -28,7 +31,7 @@ from .limits import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["create_app", "quart_path"]
+__all__ = ["create_app", "create_asgi", "FastRoutes", "quart_path"]
 
 #: Seconds allowed to receive a request body (Quart's default is 60 s; bodies here are <= 256 KiB).
 BODY_TIMEOUT_SECONDS = 30
@@ -86,13 +89,7 @@ def create_app(api: Api) -> QuartTrio:
             if oversize is not None:
                 try:
                     api._authenticate(route, req)
-                    err = ApiError(
-                        "payload_too_large",
-                        f"request body of {oversize} bytes exceeds the {MAX_REQUEST_BYTES}-byte request limit "
-                        f"by {oversize - MAX_REQUEST_BYTES} bytes",
-                        extra={"limit": "request", "limit_bytes": MAX_REQUEST_BYTES,
-                               "over_by_bytes": oversize - MAX_REQUEST_BYTES},
-                    )
+                    err = _oversize_error(oversize)
                 except ApiError as e:
                     err = e
                 resp = error_response(err)
@@ -138,3 +135,173 @@ def create_app(api: Api) -> QuartTrio:
         return _to_quart(error_response(ApiError("internal", "internal error")))
 
     return app
+
+
+# ---------------------------------------------------------------------------- the raw ASGI hot paths
+
+#: Routes served by :class:`FastRoutes` without Quart: the two that run per event or per submission.
+_FAST_PATHS = {
+    ("POST", "messages"): "submit_message",
+    ("GET", "events"): "list_events",
+}
+_CONVERSATION_PREFIX = "/v1/conversations/"
+
+
+class FastRoutes:
+    """An ASGI front that serves the hot routes directly and hands everything else to Quart.
+
+    Why: profiling put most of the per-frame SSE cost and a large share of the per-submission
+    cost in Quart's request/response machinery (request and Response objects, Werkzeug header
+    structures, the body wrapper, one context push per request, one Quart await per SSE chunk).
+    For ``POST .../messages`` and ``GET .../events`` this class builds the same
+    :class:`~server.api.ApiRequest` from the ASGI scope, reads the body under the same rules
+    (bounded, always before answering, ``Connection: close`` with a 413), calls the same
+    :meth:`Api.handle`, and writes each pre-encoded SSE chunk as one ASGI ``send``. Any other
+    path — including the same path with an extra segment or a trailing slash — goes to Quart,
+    so routing, 404s and 405s stay Quart's.
+    """
+
+    def __init__(self, app: QuartTrio, api: Api) -> None:
+        self.app = app
+        self.api = api
+        self._routes = {k: next(r for r in ROUTES if r.name == name) for k, name in _FAST_PATHS.items()}
+
+    def _match(self, scope: dict[str, Any]) -> tuple[Route, str] | None:
+        path: str = scope["path"]
+        if not path.startswith(_CONVERSATION_PREFIX) or scope.get("root_path"):
+            return None
+        rest = path[len(_CONVERSATION_PREFIX):]
+        conv, sep, tail = rest.partition("/")
+        if not conv or not sep:
+            return None
+        route = self._routes.get((scope["method"], tail))
+        return (route, conv) if route is not None else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        hit = self._match(scope)
+        if hit is None:
+            return await self.app(scope, receive, send)
+        route, conv = hit
+        await self._serve(route, conv, scope, receive, send)
+
+    async def _serve(self, route: Route, conv: str, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            headers[k.decode("latin-1").lower()] = v.decode("latin-1")
+        query: dict[str, str] = {}
+        if scope.get("query_string"):
+            for k, v in parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True):
+                query.setdefault(k, v)  # the first value of each, as request.args.get gives
+        req = ApiRequest(route.method, {"conversation_id": conv}, query, headers)
+        body, oversize, disconnected = await _receive_body(receive, headers, MAX_REQUEST_BYTES)
+        if disconnected:
+            return
+        if oversize is not None:
+            try:
+                self.api._authenticate(route, req)
+                err = _oversize_error(oversize)
+            except ApiError as e:
+                err = e
+            resp = error_response(err)
+            resp.headers["Connection"] = "close"
+            return await _send_plain(send, resp)
+        req.body = body
+        try:
+            resp = await self.api.handle(route, req)
+        except Exception:  # noqa: BLE001 - handle() maps errors itself; this is the last resort
+            log.exception("unhandled error")
+            resp = error_response(ApiError("internal", "internal error"))
+        if resp.stream is None:
+            return await _send_plain(send, resp)
+        await _send_stream(send, receive, resp)
+
+
+async def _receive_body(receive: Any, headers: dict[str, str], limit: int) -> tuple[bytes, int | None, bool]:
+    """(body, oversize or None, client disconnected). Over the limit: stop reading, report the size."""
+    declared = headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            n = -1
+        if n > limit:
+            return b"", n, False
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"", None, True
+        chunk = message.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > limit:
+                return b"", total, False
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks) if len(chunks) != 1 else chunks[0], None, False
+
+
+def _oversize_error(oversize: int) -> ApiError:
+    return ApiError(
+        "payload_too_large",
+        f"request body of {oversize} bytes exceeds the {MAX_REQUEST_BYTES}-byte request limit "
+        f"by {oversize - MAX_REQUEST_BYTES} bytes",
+        extra={"limit": "request", "limit_bytes": MAX_REQUEST_BYTES,
+               "over_by_bytes": oversize - MAX_REQUEST_BYTES},
+    )
+
+
+def _raw_headers(resp: ApiResponse, content_type: str) -> list[tuple[bytes, bytes]]:
+    out = [(b"content-type", content_type.encode("latin-1"))]
+    for k, v in resp.headers.items():
+        out.append((k.lower().encode("latin-1"), str(v).encode("latin-1")))
+    return out
+
+
+async def _send_plain(send: Any, resp: ApiResponse) -> None:
+    body = resp.body_bytes()
+    headers = _raw_headers(resp, resp.media_type)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_stream(send: Any, receive: Any, resp: ApiResponse) -> None:
+    """The SSE body: each chunk the stream yields (already encoded, already batched) is one send.
+
+    A watcher ends the stream when the client goes away, so its hub subscription is released
+    at once rather than at the next failed write.
+    """
+    assert resp.stream is not None
+    body = resp.stream
+
+    async def watch_disconnect(scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": _raw_headers(resp, "text/event-stream; charset=utf-8")})
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            with trio.CancelScope(shield=True):
+                await aclose()  # the generator's finally unsubscribes from the hub
+
+
+def create_asgi(api: Api) -> FastRoutes:
+    """What `surefoot serve` hands hypercorn: :func:`create_app` behind :class:`FastRoutes`."""
+    return FastRoutes(create_app(api), api)

@@ -27,7 +27,7 @@ import kv
 
 from . import sse
 from .api import Api
-from .app import create_app
+from .app import create_asgi
 from .auth import Authenticator, auth_from_env
 from .openapi import build_openapi
 
@@ -85,7 +85,7 @@ async def run_server(
             tail=lambda owner, conv: runtime.store.journal.tail_cursor(owner, conv),
         )
         api = Api(runtime, authenticator, agent=agent, hubs=hubs, openapi=build_openapi, heartbeat=heartbeat)
-        app = create_app(api)
+        app = create_asgi(api)
         if expose is not None:
             expose["api"] = api
         config = hypercorn_config(host, port, backlog=backlog, graceful=graceful)

@@ -111,7 +111,7 @@ class CommitRequest:
     stamp: bytes | None = None
     error: BaseException | None = None
     done: bool = False
-    wakeup: Any = None  # trio.Event set when done or chosen to lead the next batch
+    task: Any = None  # the parked committer's trio task, while it waits
 
 
 class Watch:
@@ -152,6 +152,17 @@ class Watch:
 
     def cancel(self) -> None:
         self._fire(KVError(1101, "watch cancelled"))
+
+
+def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+def _wake(req: "CommitRequest") -> None:
+    """Reschedule ``req``'s parked task, if it is parked (at most once per park)."""
+    task, req.task = req.task, None
+    if task is not None:
+        trio.lowlevel.reschedule(task)
 
 
 def _stamp_into(payload: bytes, offset: int, stamp: bytes) -> bytes:
@@ -225,30 +236,32 @@ class Engine:
     async def commit(self, req: CommitRequest) -> None:
         """Resolve and durably apply ``req`` (with whatever else is pending).
 
-        Shielded: once a commit is handed to the pipeline it may or may not
-        happen, so the caller must not be able to walk away half-way.
+        Not cancellable once called: a commit handed to the pipeline may or may
+        not happen, so the caller must not walk away half-way (FoundationDB's
+        rule: never cancel a commit). Waiters park uninterruptibly
+        (``Abort.FAILED``) and the leader's batch is shielded; a cancellation
+        arriving meanwhile is delivered at the caller's next checkpoint.
 
-        Each waiter parks on its own event, woken either because its batch is
-        done or because it was chosen to lead the next batch, so finishing a
-        batch wakes exactly its members plus one new leader (no herd).
+        Each waiter is woken exactly once per park: because its batch is done,
+        or because it was chosen to lead the next batch. Finishing a batch
+        wakes its members plus one new leader, never the whole queue.
         """
         if self.closed:
             raise KVError(2000, "database is closed")
-        req.wakeup = trio.Event()
         self._pending.append(req)
-        with trio.CancelScope(shield=True):
-            while not req.done:
-                if not self._writing:
-                    self._writing = True
-                    try:
+        while not req.done:
+            if not self._writing:
+                self._writing = True
+                try:
+                    with trio.CancelScope(shield=True):
                         await self._write_one_batch()
-                    finally:
-                        self._writing = False
-                        if self._pending:  # hand the pipeline to the next waiter
-                            self._pending[0].wakeup.set()
-                else:
-                    await req.wakeup.wait()
-                    req.wakeup = trio.Event()
+                finally:
+                    self._writing = False
+                    if self._pending:  # hand the pipeline to the next waiter
+                        _wake(self._pending[0])
+            else:
+                req.task = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
         if req.error is not None:
             raise req.error
 
@@ -318,7 +331,7 @@ class Engine:
                 if req.error is None:
                     req.error = exc
                 req.done = True
-                req.wakeup.set()
+                _wake(req)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -328,7 +341,7 @@ class Engine:
                 if req in failures:
                     req.error = failures[req]
             req.done = True
-            req.wakeup.set()
+            _wake(req)
 
     # -- watches ----------------------------------------------------------
 

@@ -253,6 +253,7 @@ class Transaction:
         self._stamped: list[tuple[int, str, bytes, bytes, int]] = []
         self._unreadable_ranges: list[tuple[bytes, bytes]] = []  # disjoint, sorted
         self._unreadable_begins: list[bytes] = []
+        self._unreadable_new: list[tuple[bytes, bytes]] = []  # not yet merged into the above
         self._read_ranges: list[tuple[bytes, bytes]] = []
         self._write_ranges: list[tuple[bytes, bytes]] = []
         self._size = 0
@@ -330,6 +331,13 @@ class Transaction:
 
     def _check_readable(self, begin: bytes, end: bytes) -> None:
         """1036 if [begin, end) meets a range a versionstamped key may land in (disjoint, sorted)."""
+        if self._unreadable_new:  # merged lazily: most transactions never read after stamping
+            ranges = self._unreadable_ranges
+            for low, high in self._unreadable_new:
+                ranges = _merge_interval(ranges, low, high)
+            self._unreadable_new = []
+            self._unreadable_ranges = ranges
+            self._unreadable_begins = [b for b, _ in ranges]
         ranges = self._unreadable_ranges
         i = bisect.bisect_right(self._unreadable_begins, begin) - 1
         if (i >= 0 and ranges[i][1] > begin) or (i + 1 < len(ranges) and ranges[i + 1][0] < end):
@@ -357,7 +365,7 @@ class Transaction:
                 return None
             if kind == _UNREADABLE:
                 raise KVError(1036, "key has a versionstamped value written by this transaction")
-        elif self._unreadable_ranges:
+        elif self._unreadable_ranges or self._unreadable_new:
             self._check_readable(key, key_after(key))
         if entry is None and self._clears and self._cleared(key):
             return None
@@ -396,7 +404,7 @@ class Transaction:
         if begin >= end:
             return []
         self._engine.hooks.on_read(self)
-        if self._unreadable_ranges:
+        if self._unreadable_ranges or self._unreadable_new:
             self._check_readable(begin, end)
         rows = self._merged_range(begin, end, limit, reverse)
         if not snapshot:
@@ -668,8 +676,7 @@ class Transaction:
         self._stamped.append((index, "key", body, bytes(value), offset))
         low = body[:offset] + b"\x00" * 10 + body[offset + 10 :]
         high = body[:offset] + b"\xff" * 10 + body[offset + 10 :]
-        self._unreadable_ranges = _merge_interval(self._unreadable_ranges, low, key_after(high))
-        self._unreadable_begins = [b for b, _ in self._unreadable_ranges]
+        self._unreadable_new.append((low, key_after(high)))
         self._size += len(body) + len(value)
         # its write conflict is added on the final key at commit
         self._next_write_no_conflict = False

@@ -75,7 +75,7 @@ def child_surefoot(port: int, data: str, commits_file: str, seconds: float, work
 
     from loop.runtime import Runtime
     from server.auth import AuthConfig, Authenticator
-    from server.serve import default_agent, run_server
+    from server.serve import default_agent, run_server, tune_gc
 
     logging.basicConfig(level=logging.WARNING)
 
@@ -88,6 +88,7 @@ def child_surefoot(port: int, data: str, commits_file: str, seconds: float, work
                 await nursery.start(lambda task_status: run_server(
                     rt, auth, agent=agent, host="127.0.0.1", port=port, shutdown=shutdown,
                     task_status=task_status))
+                tune_gc()  # as `surefoot serve` does once it listens
 
                 async def emitter() -> None:
                     # SIGUSR1 starts the fan-out phase: EVENTS_PER_SECOND durable events for `seconds`.

@@ -102,6 +102,8 @@ class CommitRequest:
     read_ranges: list[tuple[bytes, bytes]]
     write_ranges: list[tuple[bytes, bytes]]
     mutations: list[Mutation]
+    read_points: list[bytes] = field(default_factory=list)   # single-key read conflicts
+    write_points: list[bytes] = field(default_factory=list)  # single-key write conflicts
     # (index into mutations, kind, payload, offset): filled with the versionstamp at resolve time
     stamped: list[tuple[int, str, bytes, bytes, int]] = field(default_factory=list)
     size: int = 0
@@ -285,11 +287,11 @@ class Engine:
         mutations: list[Mutation] = []
         window_floor = version - self.mvcc_window
         for req in batch:
-            if req.read_ranges and req.read_version < window_floor:
+            if (req.read_ranges or req.read_points) and req.read_version < window_floor:
                 req.error = KVError(1007, "read version is older than the MVCC window")
                 self.stats["too_old"] += 1
                 continue
-            if self.resolver.conflicts(req.read_ranges, req.read_version):
+            if self.resolver.conflicts(req.read_ranges, req.read_version, req.read_points):
                 req.error = KVError(1020)
                 self.stats["conflicts"] += 1
                 continue
@@ -303,10 +305,10 @@ class Engine:
                     if kind == "key":
                         final = _stamp_into(key, offset, stamp)
                         muts[index] = ("set", final, value)
-                        req.write_ranges.append((final, key_after(final)))
+                        req.write_points.append(final)
                     else:
                         muts[index] = ("set", key, _stamp_into(value, offset, stamp))
-            self.resolver.add(version, req.write_ranges)
+            self.resolver.add(version, req.write_ranges, req.write_points)
             accepted.append(req)
             mutations.extend(muts)
         try:

@@ -39,9 +39,23 @@ class Resolver:
         self._ranges: list[tuple[int, bytes, bytes]] = []  # (version, begin, end), ascending version
         self._history: deque[tuple[int, list[bytes]]] = deque()  # (version, point keys written)
 
-    def conflicts(self, read_ranges: Iterable[tuple[bytes, bytes]], read_version: int) -> bool:
+    def conflicts(self, read_ranges: Iterable[tuple[bytes, bytes]], read_version: int,
+                  read_points: Iterable[bytes] = ()) -> bool:
+        """True if a write newer than ``read_version`` meets a read range or read key."""
         points = self._points
         ranges = self._ranges
+        newest_range = ranges[-1][0] if ranges else -1
+        for k in read_points:
+            v = points.get(k)
+            if v is not None and v > read_version:
+                return True
+            if newest_range > read_version:
+                for i in range(len(ranges) - 1, -1, -1):
+                    v, rb, re = ranges[i]
+                    if v <= read_version:
+                        break
+                    if rb <= k < re:
+                        return True
         for begin, end in read_ranges:
             if is_point(begin, end):
                 v = points.get(begin)
@@ -59,9 +73,15 @@ class Resolver:
                     return True
         return False
 
-    def add(self, version: int, write_ranges: Iterable[tuple[bytes, bytes]]) -> None:
+    def add(self, version: int, write_ranges: Iterable[tuple[bytes, bytes]],
+            write_points: Iterable[bytes] = ()) -> None:
         written: list[bytes] = []
         points = self._points
+        for k in write_points:
+            if k not in points:
+                self._point_keys.add(k)
+            points[k] = version
+            written.append(k)
         for begin, end in write_ranges:
             if is_point(begin, end):
                 if begin not in points:

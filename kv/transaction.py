@@ -254,8 +254,12 @@ class Transaction:
         self._unreadable_ranges: list[tuple[bytes, bytes]] = []  # disjoint, sorted
         self._unreadable_begins: list[bytes] = []
         self._unreadable_new: list[tuple[bytes, bytes]] = []  # not yet merged into the above
+        # Conflict ranges; single keys ([k, k+\x00), the common case) are kept apart as
+        # plain keys so neither side allocates key_after(k) or tests for points.
         self._read_ranges: list[tuple[bytes, bytes]] = []
+        self._read_points: list[bytes] = []
         self._write_ranges: list[tuple[bytes, bytes]] = []
+        self._write_points: list[bytes] = []
         self._size = 0
         self._next_write_no_conflict = False
         self._committing = False
@@ -372,7 +376,7 @@ class Transaction:
         snap = self._ensure_snapshot()
         value = snap.get(key)
         if not snapshot:
-            self._read_ranges.append((key, key_after(key)))
+            self._read_points.append(key)
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[1]:
                 value = apply_atomic(op, value, param)
@@ -558,6 +562,13 @@ class Transaction:
         self._write_ranges.append((begin, end))
         self._size += len(begin) + len(end)
 
+    def _add_write_point(self, key: bytes) -> None:
+        if self._next_write_no_conflict:
+            self._next_write_no_conflict = False
+            return
+        self._write_points.append(key)
+        self._size += 2 * len(key) + 1
+
     def set(self, key: bytes, value: bytes) -> None:
         self._check_usable()
         _check_write_key(key)
@@ -566,7 +577,7 @@ class Transaction:
         self._writes[key] = (_SET, value)
         self._mutations.append(("set", key, value))
         self._size += len(key) + len(value)
-        self._add_write_range(key, key_after(key))
+        self._add_write_point(key)
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.set(key, value)
@@ -578,7 +589,7 @@ class Transaction:
         self._writes[key] = (_CLEAR, None)
         self._mutations.append(("clear", key, key_after(key)))
         self._size += 2 * len(key) + 1
-        self._add_write_range(key, key_after(key))
+        self._add_write_point(key)
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._check_usable()
@@ -622,7 +633,7 @@ class Transaction:
             self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
         self._mutations.append(("atomic", op, key, param))
         self._size += len(key) + len(param)
-        self._add_write_range(key, key_after(key))
+        self._add_write_point(key)
 
     def add(self, key: bytes, param: bytes) -> None:
         self._atomic(_atomic.ADD, key, param)
@@ -692,7 +703,7 @@ class Transaction:
         self._stamped.append((index, "value", key, body, offset))
         self._writes[key] = (_UNREADABLE, None)
         self._size += len(key) + len(body)
-        self._add_write_range(key, key_after(key))
+        self._add_write_point(key)
 
     # -- conflict ranges --------------------------------------------------
 
@@ -746,9 +757,11 @@ class Transaction:
         for w in self._watches:
             w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
         size = self._size + sum(len(b) + len(e) for b, e in self._read_ranges)
+        if self._read_points:
+            size += sum(map(len, self._read_points)) * 2 + len(self._read_points)
         if size > self._size_limit:
             raise KVError(2101, f"transaction of {size} bytes exceeds {self._size_limit}")
-        if not self._mutations and not self._write_ranges:
+        if not self._mutations and not self._write_ranges and not self._write_points:
             self._finish(-1, None)
             return
         engine.hooks.before_commit(self)
@@ -757,6 +770,8 @@ class Transaction:
             read_version=read_version,
             read_ranges=self._read_ranges,
             write_ranges=list(self._write_ranges),
+            read_points=self._read_points,
+            write_points=list(self._write_points),
             mutations=self._mutations,
             stamped=self._stamped,
             size=size,

@@ -105,6 +105,7 @@ async def run_server(
             nursery,
             follow=lambda owner, conv, after: runtime.events(conv, after, owner=owner),
             tail=lambda owner, conv: runtime.store.journal.tail_cursor(owner, conv),
+            heartbeat=heartbeat,
         )
         api = Api(runtime, authenticator, agent=agent, hubs=hubs, openapi=build_openapi, heartbeat=heartbeat)
         app = create_asgi(api)

@@ -44,7 +44,7 @@ import struct
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Awaitable, Callable, Literal, Mapping
 
 import trio
 
@@ -138,6 +138,9 @@ class Lease:
     exhausted: bool = False
     #: Step names used in this execution (durable steps refuse reuse).
     step_names: set[str] = field(default_factory=set)
+    #: What ``claim(on_claimed=...)`` returned inside the claiming transaction (None when
+    #: the hook did not run: no hook, or a retry that found its own committed claim).
+    prepared: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +322,15 @@ class Ledger:
             limits=limits, max_attempts=max_attempts))
         return await pending.result()
 
+    async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:
+        """``(delivery, result_schema)`` of a leased run's submission, in ``tr`` (read-only):
+        the lease already names the owner and submission, so the run record is not re-read."""
+        body = await read_chunks(tr, self.keys.submission_body(lease.owner, lease.submission_id))
+        if body is None:
+            raise NotFound(f"run {lease.run_id!r} not found")
+        req = loads(body)
+        return req["delivery"], req["result_schema"]
+
     async def get_request(self, run_id: str, *, owner: OwnerLike | None = None) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a run's submission. Read-only."""
         async def fn(tr: Any) -> tuple[Any, Any]:  # read-only
@@ -334,7 +346,8 @@ class Ledger:
     # -- claim / lease ------------------------------------------------------
 
     async def claim(self, worker_id: str, lease_seconds: float = DEFAULT_LEASE_SECONDS, *,
-                    finalize_exhausted: bool = False) -> Lease | None:
+                    finalize_exhausted: bool = False,
+                    on_claimed: Callable[[Any, Lease], Awaitable[Any]] | None = None) -> Lease | None:
         """Take the next runnable run (an expired lease first), or None when there is none.
 
         A run whose attempts are used up is settled failed (``retry_exhausted``)
@@ -347,6 +360,12 @@ class Ledger:
         Guarded: the lease carries a nonce chosen before the first attempt; a
         retry (possibly after a 1021 whose commit happened) first checks
         whether the run it last tried now holds that nonce and returns it.
+
+        ``on_claimed(tr, lease)`` runs inside the claiming transaction once the
+        lease is written, so a worker can make the run's first writes in the
+        same commit (one commit less per run); its result is ``lease.prepared``.
+        It is not called for a retry that finds its own committed claim (that
+        claim's ``prepared`` is None: the caller then reads what it needs).
         """
         _check_id("worker id", worker_id)
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
@@ -425,6 +444,8 @@ class Ledger:
             lease = self._lease_from(run, lease_rec)
             lease.takeover = kind == "lx"
             lease.exhausted = exhausted
+            if on_claimed is not None:
+                lease.prepared = await on_claimed(tr, lease)
             return lease
 
         try:

@@ -52,13 +52,19 @@ class UsageBook:
         self.ledger = ledger
         self.keys = ledger.keys
 
-    async def record_tr(self, tr: Any, run_id: str, step_id: str, usage: Mapping[str, int]) -> bool:
+    async def record_tr(self, tr: Any, run_id: str, step_id: str, usage: Mapping[str, int], *,
+                        run_exists: bool = False) -> bool:
         """Count ``usage`` for (run, step) once; returns False when it was already counted.
-        Guarded by the step marker. Raises :class:`UsageConflict` for a different figure."""
+        Guarded by the step marker. Raises :class:`UsageConflict` for a different figure.
+
+        ``run_exists=True``: the caller already proved the run exists in ``tr``
+        (e.g. its lease check read the run's lease, which only exists with the
+        run), so the run record is not read and decoded again."""
         if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
             raise ValueError("a step id is a non-empty string")
         figures = _check_usage(usage)
-        await self.ledger._run(tr, run_id, snapshot=True)  # exists; no conflict with run-record writes
+        if not run_exists:
+            await self.ledger._run(tr, run_id, snapshot=True)  # exists; no conflict with run-record writes
         marker = self.keys.usage_step(run_id, step_id)
         raw = await tr.get(marker)
         if raw is not None:

@@ -284,21 +284,66 @@ class Runner:
             return True
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
-        out = []
-        for i, m in enumerate(msgs):
-            data: dict[str, Any] = {"run_id": self.run_id, "seq": first_seq + i, "role": m.get("role")}
-            if _approx_size(m) <= MAX_EVENT_TEXT:
-                data["message"] = m
-            else:
-                data["truncated"] = True
-                data["text"] = _clip(M.text_of(m))
-            out.append((E.MESSAGE_ADDED, data))
-        return out
+        return _message_events(self.run_id, first_seq, msgs)
 
     # ------------------------------------------------------------------ begin / recovery
 
+    @staticmethod
+    async def prepare_in_claim(store: Any, tr: Any, claim: "Claim", agent_name: str) -> "_Prepared | None":
+        """The first claim's writes, made inside the claiming transaction (``Store.claim(prepare=...)``).
+
+        What :meth:`_begin_fresh` does in a transaction of its own — repair what
+        earlier runs left dangling, append the user message, create the loop
+        state, journal ``message.added`` — committed together with the lease and
+        ``run.started`` instead: one commit per run less, and the state,
+        transcript and cancel record are read here rather than in a separate
+        read-only transaction.  Lease-checked by construction (the lease is
+        written in this very transaction); guarded by the claim's nonce (a
+        retry that finds its committed claim skips this hook, and the runner
+        then finds the loop state and recovers) and by the loop state's absence.
+        None (nothing written) when the run already has a loop state (a
+        takeover, a resumed park) or its transcript is longer than one page:
+        the runner's ordinary path handles those.
+        """
+        from sessions.errors import NotFound as SessionNotFound
+        from sessions.transcript import MAX_READ_PAGE
+
+        run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
+        if await tr.get(store.loop_keys.state(run_id)) is not None:
+            return None
+        exists = True
+        try:
+            page = await store.transcripts.read_tr(tr, owner, conv, 0, MAX_READ_PAGE)
+        except SessionNotFound:
+            messages: list[dict[str, Any]] = []
+            exists = False
+        else:
+            if page.next_seq is not None:
+                return None
+            messages = [m.data for m in page.messages]
+        cancel = await store.cancel_requested(tr, run_id)
+        first_seq = len(messages)
+        appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
+        state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
+        state.ver, state.tok = 1, os.urandom(8)
+        if not exists:  # (a session read just now in this transaction needs no create-if-missing)
+            await store.ensure_session(tr, owner, conv)
+        await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq)
+        tr.set(store.loop_keys.state(run_id), state.to_bytes())
+        for typ, data in _message_events(run_id, first_seq, appended):
+            await store.journal.emit(tr, owner, conv, typ, data)
+        messages.extend(appended)
+        return _Prepared(state, messages, cancel)
+
     async def _begin(self) -> None:
         store = self.store
+        prepared = self.claim.prepared
+        if prepared is not None:  # the claim's transaction already began the run
+            self.state, self.messages = prepared.state, prepared.messages
+            self.head = len(self.messages)
+            if prepared.cancel:
+                self._note_cancel()
+            return
         raw, self.messages, cancel = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
         self.head = len(self.messages)
         if cancel:
@@ -803,6 +848,29 @@ class Runner:
 
 
 # ---------------------------------------------------------------------- transcript helpers
+
+
+class _Prepared:
+    """What :meth:`Runner.prepare_in_claim` began inside the claim: the loop state as
+    committed, the transcript after the appended messages, the cancel record as read."""
+
+    __slots__ = ("state", "messages", "cancel")
+
+    def __init__(self, state: LoopState, messages: list[dict[str, Any]], cancel: bool) -> None:
+        self.state, self.messages, self.cancel = state, messages, cancel
+
+
+def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+    out = []
+    for i, m in enumerate(msgs):
+        data: dict[str, Any] = {"run_id": run_id, "seq": first_seq + i, "role": m.get("role")}
+        if _approx_size(m) <= MAX_EVENT_TEXT:
+            data["message"] = m
+        else:
+            data["truncated"] = True
+            data["text"] = _clip(M.text_of(m))
+        out.append((E.MESSAGE_ADDED, data))
+    return out
 
 
 def _approx_size(m: dict[str, Any]) -> int:

@@ -57,8 +57,17 @@ DEFAULT_WORKERS = 1
 # sleep anyway, as a safety net against a missed wake-up.
 IDLE_POLL_SECONDS = 2.0
 MAX_WORKERS = 1_024
+# Idle claim loops of one runtime that look for work at the same time.  The
+# others queue (FIFO) behind them in memory: without this bound every
+# submission woke *every* idle worker (32 in the benchmark), each running a
+# claim and a wait transaction for the one run — a thundering herd that cost
+# far more than the turn itself.  A worker that gets a run leaves the queue at
+# once, so the next one starts looking immediately (a burst is claimed by a
+# relay of workers, CLAIMERS at a time).  Two, so a claim in flight (its
+# commit) does not leave the queue unwatched.
+CLAIMERS = 2
 
-assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0
+assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0 and CLAIMERS >= 1
 
 SETTLED = {E.RUN_COMPLETED: "completed", E.RUN_FAILED: "failed", E.RUN_CANCELLED: "cancelled"}
 
@@ -149,6 +158,7 @@ class Runtime:
         self._nursery: trio.Nursery | None = None
         self.worker_prefix = f"w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._worker_seq = 0
+        self._claimers = trio.Semaphore(CLAIMERS)  # see CLAIMERS
         for a in agents:
             self.register(a)
 
@@ -374,24 +384,33 @@ class Runtime:
 
     # ------------------------------------------------------------------ workers
 
+    async def _prepare(self, tr: Any, claim: Claim) -> Any:
+        return await Runner.prepare_in_claim(self.store, tr, claim, self._agent_for(claim).name)
+
     async def _claim_loop(self) -> None:
         self._worker_seq += 1
         worker = f"{self.worker_prefix}-{self._worker_seq}"
         while True:
+            async with self._claimers:  # at most CLAIMERS idle workers look for work at once
+                claim = await self._next_claim(worker)
+            agent = self._agent_for(claim)
+            await Runner(self, claim, agent).execute()
+
+    async def _next_claim(self, worker: str) -> Claim:
+        while True:
             try:
-                claim = await self.store.claim(worker)
+                # The run's first writes commit with the claim itself (Runner.prepare_in_claim).
+                claim = await self.store.claim(worker, self._prepare)
             except kv.KVError as e:
                 log.warning("%s: claim failed: %s", worker, e)
                 claim = None
                 await trio.sleep(IDLE_POLL_SECONDS)
-            if claim is None:
-                # Woken by the ledger's ready signal (any process), the earliest lease
-                # expiry, or the poll interval.
-                try:
-                    await self.store.wait_for_work(IDLE_POLL_SECONDS)
-                except kv.KVError as e:
-                    log.warning("%s: waiting for work failed: %s", worker, e)
-                    await trio.sleep(IDLE_POLL_SECONDS)
-                continue
-            agent = self._agent_for(claim)
-            await Runner(self, claim, agent).execute()
+            if claim is not None:
+                return claim
+            # Woken by the ledger's ready signal (any process), the earliest lease
+            # expiry, or the poll interval.
+            try:
+                await self.store.wait_for_work(IDLE_POLL_SECONDS)
+            except kv.KVError as e:
+                log.warning("%s: waiting for work failed: %s", worker, e)
+                await trio.sleep(IDLE_POLL_SECONDS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 import trio
 
@@ -57,6 +57,23 @@ class Claim:
     result_schema: Any
     lease: L.Lease
     limits: Mapping[str, Any]
+    # What the worker's ``prepare`` wrote/read inside the claiming transaction
+    # (see :meth:`Store.claim`); None: the runner reads the run's state itself.
+    prepared: Any = None
+
+
+class _PrepareFailed(Exception):
+    """Internal: a claim's ``prepare`` hook failed; the claim is made again without it."""
+
+
+def on_claimed_plain(store: "Store") -> Callable[[Any, L.Lease], Awaitable[Claim]]:
+    """The claim hook without ``prepare``: only the request is read in the claiming transaction."""
+
+    async def on_claimed(tr: Any, lease: L.Lease) -> Claim:
+        delivery, schema = await store.ledger.request_tr(tr, lease)
+        return store._claim_of(lease, delivery, schema)
+
+    return on_claimed
 
 
 class Store:
@@ -135,11 +152,48 @@ class Store:
         return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
                                duplicate=not ack.created, outcome=ack.outcome)
 
-    async def claim(self, worker: str) -> Claim | None:
-        lease = await self.ledger.claim(worker, self.lease_seconds)
+    async def claim(
+        self, worker: str, prepare: Callable[[Any, Claim], Awaitable[Any]] | None = None
+    ) -> Claim | None:
+        """Claim the next runnable run (the ledger's claim: guarded by its nonce).
+
+        The submission's request is read inside the claiming transaction (no
+        second read-only transaction), and ``prepare(tr, claim)`` — when given
+        and the claim is not the exhausted-run finaliser — runs there too, so
+        the run's first writes (user message, loop state) commit with the
+        claim itself.  Its result becomes ``claim.prepared``.  A ``prepare``
+        that raises anything but a storage error aborts that whole transaction
+        (nothing of it commits) and the claim is made again without it: the
+        runner's ordinary path then meets (and reports) the same problem.
+        """
+
+        async def on_claimed(tr: Any, lease: L.Lease) -> Claim:
+            delivery, schema = await self.ledger.request_tr(tr, lease)
+            claim = self._claim_of(lease, delivery, schema)
+            if prepare is not None and not lease.exhausted:
+                try:
+                    claim.prepared = await prepare(tr, claim)
+                except (kv.KVError, L.LeaseLost):
+                    raise
+                except Exception as e:  # noqa: BLE001 — see the docstring: retried without prepare
+                    raise _PrepareFailed() from e
+            return claim
+
+        try:
+            lease = await self.ledger.claim(worker, self.lease_seconds, on_claimed=on_claimed)
+        except _PrepareFailed as e:
+            log.debug("claim: prepare failed (%r); claiming without it", e.__cause__)
+            lease = await self.ledger.claim(worker, self.lease_seconds, on_claimed=on_claimed_plain(self))
         if lease is None:
             return None
+        if isinstance(lease.prepared, Claim):
+            return lease.prepared
+        # A retry that found its own committed claim: the hook's result is not at hand.
         delivery, schema = await self.ledger.get_request(lease.run_id)
+        return self._claim_of(lease, delivery, schema)
+
+    @staticmethod
+    def _claim_of(lease: L.Lease, delivery: Any, schema: Any) -> Claim:
         limits = (delivery or {}).get("limits") if isinstance(delivery, Mapping) else None
         return Claim(lease.run_id, lease.owner, lease.conversation, lease.attempt, delivery, schema, lease,
                      dict(limits or {}))
@@ -189,7 +243,9 @@ class Store:
 
     async def record_usage(self, tr: Any, claim: Claim, step_id: str, usage: Mapping[str, Any]) -> None:
         figures = {k: int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-        await self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures)
+        # Every caller is a runner commit that ran check_lease first in this transaction:
+        # the lease exists only with its run, so the run record need not be re-read.
+        await self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True)
 
     async def reserve(self, claim: Claim, input_estimate: int, output_estimate: int) -> str | None:
         """None when the call may proceed, else why not (a ceiling of the run would be passed). Read-only."""

@@ -14,6 +14,7 @@ never hand one owner another's record. Foreign == missing: the same
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Union
 
@@ -81,8 +82,23 @@ def parse_tag(tag: str) -> Owner:
     return Owner(realm, subject)
 
 
+#: Validated tags remembered by :func:`as_tag` (every keyspace call normalises its
+#: owner, a dozen times per agent turn, always the same few tags).
+TAG_CACHE_SIZE = 4_096
+assert TAG_CACHE_SIZE > 0
+
+
+@functools.lru_cache(maxsize=TAG_CACHE_SIZE)
+def _valid_tag(tag: str) -> str:
+    # Validation is a pure function of the string, so a remembered success is as good
+    # as re-checking; failures raise and are not cached (lru_cache caches returns only).
+    return parse_tag(tag).tag
+
+
 def as_tag(owner: OwnerLike) -> str:
     """Normalise an :class:`Owner` or a tag string to a validated tag."""
+    if type(owner) is str:
+        return _valid_tag(owner)
     if isinstance(owner, Owner):
         return owner.tag
     return parse_tag(owner).tag

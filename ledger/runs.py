@@ -141,6 +141,9 @@ class Lease:
     #: What ``claim(on_claimed=...)`` returned inside the claiming transaction (None when
     #: the hook did not run: no hook, or a retry that found its own committed claim).
     prepared: Any = None
+    #: Other claimable entries the claiming transaction saw (up to CLAIM_WINDOW - 1): a hint
+    #: that more work is waiting (a worker pool may then look for it with more workers).
+    backlog: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +447,7 @@ class Ledger:
             lease = self._lease_from(run, lease_rec)
             lease.takeover = kind == "lx"
             lease.exhausted = exhausted
+            lease.backlog = len(rows) - 1
             if on_claimed is not None:
                 lease.prepared = await on_claimed(tr, lease)
             return lease

@@ -66,8 +66,12 @@ MAX_WORKERS = 1_024
 # relay of workers, CLAIMERS at a time).  Two, so a claim in flight (its
 # commit) does not leave the queue unwatched.
 CLAIMERS = 2
+# ...but a relay of two serialises claims behind their commits when work piles
+# up, so a claim that saw more claimable runs (``lease.backlog``) opens one more
+# seat, up to this many extra; a seat holder that then finds nothing closes one.
+MAX_EXTRA_CLAIMERS = 14
 
-assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0 and CLAIMERS >= 1
+assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0 and CLAIMERS >= 1 and MAX_EXTRA_CLAIMERS >= 0
 
 SETTLED = {E.RUN_COMPLETED: "completed", E.RUN_FAILED: "failed", E.RUN_CANCELLED: "cancelled"}
 
@@ -158,7 +162,8 @@ class Runtime:
         self._nursery: trio.Nursery | None = None
         self.worker_prefix = f"w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._worker_seq = 0
-        self._claimers = trio.Semaphore(CLAIMERS)  # see CLAIMERS
+        self._claimers = trio.Semaphore(CLAIMERS)  # seats of idle workers looking for work: see CLAIMERS
+        self._extra_seats = 0  # seats opened beyond CLAIMERS because of a backlog
         for a in agents:
             self.register(a)
 
@@ -391,26 +396,45 @@ class Runtime:
         self._worker_seq += 1
         worker = f"{self.worker_prefix}-{self._worker_seq}"
         while True:
-            async with self._claimers:  # at most CLAIMERS idle workers look for work at once
-                claim = await self._next_claim(worker)
+            claim = await self._next_claim(worker)
             agent = self._agent_for(claim)
             await Runner(self, claim, agent).execute()
 
     async def _next_claim(self, worker: str) -> Claim:
-        while True:
-            try:
-                # The run's first writes commit with the claim itself (Runner.prepare_in_claim).
-                claim = await self.store.claim(worker, self._prepare)
-            except kv.KVError as e:
-                log.warning("%s: claim failed: %s", worker, e)
-                claim = None
-                await trio.sleep(IDLE_POLL_SECONDS)
-            if claim is not None:
-                return claim
-            # Woken by the ledger's ready signal (any process), the earliest lease
-            # expiry, or the poll interval.
-            try:
-                await self.store.wait_for_work(IDLE_POLL_SECONDS)
-            except kv.KVError as e:
-                log.warning("%s: waiting for work failed: %s", worker, e)
-                await trio.sleep(IDLE_POLL_SECONDS)
+        """Take a seat (see CLAIMERS), claim a run, give the seat back."""
+        await self._claimers.acquire()
+        held = True
+        try:
+            while True:
+                try:
+                    # The run's first writes commit with the claim itself (Runner.prepare_in_claim).
+                    claim = await self.store.claim(worker, self._prepare)
+                except kv.KVError as e:
+                    log.warning("%s: claim failed: %s", worker, e)
+                    claim = None
+                    await trio.sleep(IDLE_POLL_SECONDS)
+                if claim is not None:
+                    if claim.lease.backlog > 0 and self._extra_seats < MAX_EXTRA_CLAIMERS:
+                        self._extra_seats += 1  # more is waiting: one more idle worker may look
+                        self._claimers.release()
+                    return claim
+                if self._extra_seats > 0:
+                    # Nothing found: close an extra seat (this one) and queue for a seat again.
+                    self._extra_seats -= 1
+                    held = False
+                    await self._claimers.acquire()
+                    held = True
+                    continue
+                await self._wait_for_work(worker)
+        finally:
+            if held:
+                self._claimers.release()
+
+    async def _wait_for_work(self, worker: str) -> None:
+        # Woken by the ledger's ready signal (any process), the earliest lease
+        # expiry, or the poll interval.
+        try:
+            await self.store.wait_for_work(IDLE_POLL_SECONDS)
+        except kv.KVError as e:
+            log.warning("%s: waiting for work failed: %s", worker, e)
+            await trio.sleep(IDLE_POLL_SECONDS)

@@ -1,0 +1,76 @@
+"""What an agent turn costs in storage work: commits per turn, and idle workers' wake-ups.
+
+These pin the performance-relevant shape of a turn (tests/bench/bench_turns.py
+measures its speed): the run's first writes ride on its claim, and a
+submission does not wake every idle worker of a runtime.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from loop import Agent, Runtime, ScriptedModel, tool
+from loop.providers import reply, tool_call
+from loop.runtime import CLAIMERS
+from sessions.journal import decode_cursor
+
+
+def tool_agent() -> Agent:
+    @tool
+    async def noop() -> str:
+        """Does nothing."""
+        return "ok"
+
+    def script(messages, tools):
+        return "done" if messages[-1]["role"] == "tool" else reply("", tool_call("noop"))
+
+    return Agent("cost", "Cost agent.", ScriptedModel(script), tools=[noop])
+
+
+async def test_tool_turn_commits_five_times_and_begins_with_its_claim(tmp_path):
+    agent = tool_agent()
+    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
+        assert (await rt.run(agent, "warm", "go")).ok
+        before = rt.db.engine.stats["commits"]
+        out = await rt.run(agent, "c1", "go")
+        assert out.ok and out.result == "done"
+        # submit; claim + user message; assistant + tool.started; tool result; final answer + settle
+        assert rt.db.engine.stats["commits"] - before == 5
+        events = (await rt.read_events("c1")).events
+        started = next(e for e in events if e.type == "run.started")
+        user = next(e for e in events if e.type == "message.added" and e.data["role"] == "user")
+        # the same commit (the first 10 cursor bytes are the commit's versionstamp), started first
+        assert decode_cursor(started.cursor)[:10] == decode_cursor(user.cursor)[:10]
+        assert started.cursor < user.cursor
+        assert [m["role"] for m in await rt.transcript("c1")] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_submission_does_not_wake_every_idle_worker():
+    agent = tool_agent()
+    async with Runtime.open("memory:", workers=16, agents=[agent]) as rt:
+        calls = 0
+        real_claim = rt.store.ledger.claim
+
+        async def counting_claim(*a, **kw):
+            nonlocal calls
+            calls += 1
+            return await real_claim(*a, **kw)
+
+        rt.store.ledger.claim = counting_claim  # type: ignore[method-assign]
+        await trio.testing.wait_all_tasks_blocked()
+        calls = 0
+        assert (await rt.run(agent, "c1", "go")).ok
+        await trio.testing.wait_all_tasks_blocked()
+        # Only the seated claimers look (a claim each, plus one more after the run ends),
+        # not all 16 idle workers.
+        assert calls <= 2 * CLAIMERS + 1 and calls < 16, calls
+
+
+async def test_a_burst_of_runs_is_claimed_by_more_than_the_two_seats(tmp_path):
+    agent = tool_agent()
+    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=8, agents=[agent]) as rt:
+        acks = [await rt.submit(agent, f"b{i}", "go") for i in range(24)]
+        outs = [await rt.wait(a) for a in acks]
+        assert all(o.ok for o in outs)
+        assert len({o.run_id for o in outs}) == 24

@@ -50,7 +50,7 @@ import trio
 
 import kv
 from sessions import events as ev
-from sessions.codec import canonical_hash, dumps, loads, pack_i64, read_chunks, write_chunks
+from sessions.codec import canonical_hash, dumps, fastpack, loads, pack_i64, read_chunks, write_chunks
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
 from sessions.owners import OwnerLike, as_tag
 
@@ -671,14 +671,19 @@ class Ledger:
         return await self.db.transact(lambda tr: self.get_run_tr(tr, run_id, owner=owner))  # read-only
 
     async def wait_settled(self, run_id: str, *, owner: OwnerLike | None = None) -> dict[str, Any]:
-        """The run's outcome once settled (watch on the run record)."""
+        """The run's outcome once settled (watch on the outcome's first chunk).
+
+        The watch is on the outcome, not the run record: the outcome is written
+        exactly once, by the settling transaction (:meth:`_finish_tr`), whereas
+        the run record also changes on every claim, which used to wake each
+        waiter for a needless re-read and re-watch."""
         tag = as_tag(owner) if owner is not None else None
         while True:
             async def fn(tr: Any) -> Any:  # read-only
                 run = await self._run(tr, run_id, tag)
                 if run["state"] in SETTLED_STATES:
                     return ("done", await self._outcome(tr, run_id))
-                return ("wait", tr.watch(self.keys.run(run_id)))
+                return ("wait", tr.watch(fastpack(self.keys.outcome(run_id).raw_prefix, (0,))))
 
             kind, v = await self.db.transact(fn)
             if kind == "done":

@@ -7,7 +7,9 @@ Layers, one module per concern:
   :class:`loop.runtime.Runtime`, and :data:`~server.api.ROUTES`, the one route table.
   Later fronts (MCP, A2A, ACP) call the same handlers, so the submit path exists once.
 * :mod:`server.app` — the quart-trio transport: bounded body reading (always before any
-  answer), 413s that close the connection, SSE responses with no response timeout.
+  answer), 413s that close the connection, SSE responses with no response timeout; and
+  :class:`~server.app.FastRoutes`, the raw ASGI front that serves the two hot routes (submit,
+  events/SSE) with the same rules but without Quart's per-request and per-frame work.
 * :mod:`server.sse` — SSE framing and :class:`~server.sse.Hubs`: one journal follower per
   conversation shared by every subscriber, frames encoded once, replay-then-live with no gap
   and no duplicate.

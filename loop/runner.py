@@ -29,6 +29,7 @@ an attempt that finds ``started`` without a result finalises the call as
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -75,6 +76,16 @@ CANCEL_POLL_SECONDS = 1.0
 MAX_EVENT_TEXT = 8_000
 
 assert MAX_EVENT_TEXT < 80_000
+
+# Write-guard tokens (LoopState.tok) need only be unique per run's writer: a
+# random prefix drawn once per Runner plus a counter is as good as fresh random
+# bytes per commit and cheaper (os.urandom is a syscall; the simulator patches
+# it per run, so drawing the prefix from it keeps its runs byte-identical).
+
+
+def _token_source() -> Callable[[], bytes]:
+    prefix, seq = os.urandom(8), itertools.count()
+    return lambda: prefix + next(seq).to_bytes(8, "big")
 
 
 class RunStopped(Exception):
@@ -138,6 +149,7 @@ class Runner:
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
         self._txn_cancel = False  # the cancel record as read by the current commit attempt
+        self._new_token = _token_source()
 
     # ------------------------------------------------------------------ entry
 
@@ -238,7 +250,7 @@ class Runner:
         """
         assert self.state is not None
         async with self._lock:
-            token = os.urandom(8)
+            token = self._new_token()
             expected_ver = self.state.ver
             first_seq = self.head
             store = self.store
@@ -325,7 +337,7 @@ class Runner:
         first_seq = len(messages)
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
-        state.ver, state.tok = 1, os.urandom(8)
+        state.ver, state.tok = 1, os.urandom(8)  # once per run (see _token_source)
         if not exists:  # (a session read just now in this transaction needs no create-if-missing)
             await store.ensure_session(tr, owner, conv)
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq)
@@ -362,7 +374,7 @@ class Runner:
         appended = repairs + [user_msg]
         first_seq = self.head
         state = LoopState(self.owner, self.conv, self.agent.name, user_seq=first_seq + len(repairs))
-        token = os.urandom(8)
+        token = self._new_token()
         state.ver, state.tok = 1, token
 
         async def fn(tr: Any) -> LoopState:

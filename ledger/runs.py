@@ -74,6 +74,9 @@ Policy = Literal["queue", "reject", "interrupt"]
 POLICIES = ("queue", "reject", "interrupt")
 
 DEFAULT_MAX_ATTEMPTS = 10
+#: With ``claim(finalize_exhausted=True)``, how many claims past ``max_attempts`` are handed to a
+#: worker to finalise an exhausted run (a finaliser can die too) before the ledger settles it itself.
+FINALIZE_CLAIMS = 3
 MAX_MAX_ATTEMPTS = 1_000
 DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 3_600.0
@@ -354,11 +357,12 @@ class Ledger:
         """Take the next runnable run (an expired lease first), or None when there is none.
 
         A run whose attempts are used up is settled failed (``retry_exhausted``)
-        inside the claim. With ``finalize_exhausted=True`` the first claim past
-        the bound is instead handed to the worker with ``lease.exhausted`` set (no
-        run.started), so it can tidy the transcript (e.g. finalise a dangling tool
-        call) and settle ``failed("retry_exhausted")`` itself; if that claim dies
-        too, the next claim settles the run in the ledger as a backstop.
+        inside the claim. With ``finalize_exhausted=True`` up to
+        ``FINALIZE_CLAIMS`` claims past the bound are instead handed to the worker
+        with ``lease.exhausted`` set (no run.started), so it can tidy the
+        transcript (e.g. finalise a dangling tool call) and settle
+        ``failed("retry_exhausted")`` itself; only if all of those die too does a
+        later claim settle the run in the ledger as a backstop.
 
         Guarded: the lease carries a nonce chosen before the first attempt; a
         retry (possibly after a 1021 whose commit happened) first checks
@@ -424,7 +428,7 @@ class Ledger:
                 return _SKIP
             attempt = run["attempt"] + 1
             exhausted = attempt > run["max_attempts"]
-            if exhausted and not (finalize_exhausted and attempt == run["max_attempts"] + 1):
+            if exhausted and not (finalize_exhausted and attempt <= run["max_attempts"] + FINALIZE_CLAIMS):
                 run["attempt"] = run["max_attempts"]
                 await self._finish_tr(tr, run, failed(
                     "retry_exhausted", f"run gave up after {run['max_attempts']} attempts",

@@ -180,10 +180,10 @@ class Store:
             return claim
 
         try:
-            lease = await self.ledger.claim(worker, self.lease_seconds, on_claimed=on_claimed)
+            lease = await self.ledger.claim(worker, self.lease_seconds, finalize_exhausted=True, on_claimed=on_claimed)
         except _PrepareFailed as e:
             log.debug("claim: prepare failed (%r); claiming without it", e.__cause__)
-            lease = await self.ledger.claim(worker, self.lease_seconds, on_claimed=on_claimed_plain(self))
+            lease = await self.ledger.claim(worker, self.lease_seconds, finalize_exhausted=True, on_claimed=on_claimed_plain(self))
         if lease is None:
             return None
         if isinstance(lease.prepared, Claim):

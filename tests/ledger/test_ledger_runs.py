@@ -315,11 +315,13 @@ async def test_finalize_exhausted_hands_the_last_claim_to_the_worker(db, clock):
     assert (await L.get_run(ack.run_id)).outcome["error"]["type"] == "retry_exhausted"
     types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
     assert types.count(events.RUN_STARTED) == 2 and types[-1] == events.RUN_FAILED
-    # a finalizing claim that dies too: the ledger settles the run itself
+    # finalizing claims that die too are retried FINALIZE_CLAIMS times, then the ledger settles the run
+    from ledger.runs import FINALIZE_CLAIMS
     b = await L.submit("k2", {}, None, owner=OWNER, conversation="d", max_attempts=1)
     await L.claim("w", lease_seconds=1, finalize_exhausted=True)
     clock.advance(2)
-    assert (await L.claim("w", lease_seconds=1, finalize_exhausted=True)).exhausted
-    clock.advance(2)
+    for _ in range(FINALIZE_CLAIMS):
+        assert (await L.claim("w", lease_seconds=1, finalize_exhausted=True)).exhausted
+        clock.advance(2)
     assert await L.claim("w", lease_seconds=1, finalize_exhausted=True) is None
     assert (await L.get_run(b.run_id)).outcome["error"]["type"] == "retry_exhausted"

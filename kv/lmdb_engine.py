@@ -86,16 +86,9 @@ class _LmdbSnapshot:
         self.version = read.version
 
     def get(self, key: bytes) -> bytes | None:
-        txn = self._read.txn
-        if len(key) <= _SHORT:
-            return txn.get(_PREFIX + key)
-        raw = txn.get(_PREFIX + key[:_BUCKET])
-        if raw is None:
-            return None
-        for k, v in cbor2.loads(raw):
-            if k == key:
-                return v
-        return None
+        if len(key) <= _SHORT:  # the hot path, inline
+            return self._read.txn.get(_PREFIX + key)
+        return _get(self._read.txn, key)
 
     def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
         out: list[tuple[bytes, bytes]] = []

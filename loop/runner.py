@@ -582,6 +582,28 @@ class Runner:
             })],
         )
 
+    def _unique_call_ids(self, calls: list[dict[str, Any]]) -> None:
+        """Rename tool-call ids already used in this transcript, before the message is persisted.
+
+        Per-call state (started/done, approvals, idempotency keys) and the
+        pairing of results with calls are keyed by the call id, so an id must
+        be unique within a transcript. Providers don't all promise that (local
+        OpenAI-compatible servers may number calls per response; a scripted
+        model derives ids from the context, which a compaction shortens). The
+        new id is a function of the transcript position, so a model call
+        replayed after a crash gets the same one.
+        """
+        used = {c["id"] for m in self.messages for c in M.tool_calls_of(m)}
+        for i, c in enumerate(calls):
+            if c["id"] in used:
+                n = 0
+                new = f"{c['id']}~{self.head}_{i}"
+                while new in used:
+                    n += 1
+                    new = f"{c['id']}~{self.head}_{i}_{n}"
+                c["id"] = new
+            used.add(c["id"])
+
     async def _model_done(self, msg: dict[str, Any], coalescer: PartCoalescer) -> None:
         """Persist the assistant message (and its usage) as it ends; settle if it is final."""
         st = self.state
@@ -589,6 +611,8 @@ class Runner:
         call_no = st.model_calls + 1
         usage = msg.get("usage") or {}
         calls = M.tool_calls_of(msg)
+        if calls:
+            self._unique_call_ids(calls)
         start_first = self._startable(calls[0]) if calls else None
         final_outcome: dict[str, Any] | None = None
         appended = [msg]

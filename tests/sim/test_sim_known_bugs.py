@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from sim.session import run_session
 
@@ -30,16 +29,12 @@ def test_an_exhausted_run_leaves_no_tool_call_without_a_result():
     assert summary.ok, [f.command for f in summary.failures]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loop/providers/scripted.py (and the runner's per-call state): ScriptedModel derives tool-call ids from "
-    "the position in the context it is sent (call_<n messages>_<i>); after a compaction the context is "
-    "shorter, so a later call reuses an earlier id in the same transcript (call_8_0 twice), and results "
-    "can no longer be matched to calls by id. The runner keys per-call state (started/done, approvals, "
-    "idempotency keys) by the provider's id, so a provider that repeats ids within a run (some "
-    "OpenAI-compatible local servers number calls per response) would hit the same. "
-    "Found by: surefoot sim --scenario mix --seed 121 --buggify (before sim 11:20); reproduced below "
-    "without faults: three two-tool turns on an agent that compacts at a threshold."))
 def test_tool_call_ids_stay_unique_across_compaction():
+    """Found by ``surefoot sim --scenario mix --seed 121 --buggify`` (tool_call_ids_unique, promise 2):
+    ScriptedModel derives call ids from the context length, so after a compaction a later call reused an
+    earlier id (call_8_0 twice) and results could no longer be paired with calls; a provider that numbers
+    calls per response would do the same. Fixed in the runner: ids already used in the transcript are
+    renamed (deterministically, by transcript position) before the assistant message is persisted."""
     from sim import run_once
     from sim.scenarios import RuntimeScenario, Turn
 

@@ -1,4 +1,4 @@
-"""Fixtures for the ledger tests: every ``db`` test runs on the memory engine
+"""Fixtures shared by the sessions and ledger tests: every ``db`` test runs on the memory engine
 and on the LMDB engine in a temp dir (the real engines, nothing faked)."""
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 import trio
@@ -67,6 +66,14 @@ class Store(Protocol):
         """Apply one batch all-or-nothing and make it durable before returning."""
         ...
 
+    def apply_sync(self, version: int, mutations: list[Mutation]) -> int | None:
+        """``apply`` on the calling thread. A store may also offer
+        ``can_apply_inline() -> bool``: whether the engine may call this on
+        the event loop right now (see ``LmdbStore.can_apply_inline``), and
+        ``checkpoint_after_inline: bool`` (default True): whether the commit
+        then yields to the scheduler."""
+        ...
+
     def close(self) -> None: ...
 
     stats: dict[str, int]
@@ -94,26 +101,56 @@ class FaultHooks:
         return None
 
 
-@dataclass(eq=False)
 class CommitRequest:
-    """What a transaction sends to the pipeline, and what it gets back."""
+    """What a transaction sends to the pipeline, and what it gets back.
 
-    read_version: int
-    read_ranges: list[tuple[bytes, bytes]]
-    write_ranges: list[tuple[bytes, bytes]]
-    mutations: list[Mutation]
-    read_points: list[bytes] = field(default_factory=list)   # single-key read conflicts
-    write_points: list[bytes] = field(default_factory=list)  # single-key write conflicts
-    # (index into mutations, kind, payload, offset): filled with the versionstamp at resolve time
-    stamped: list[tuple[int, str, bytes, bytes, int]] = field(default_factory=list)
-    size: int = 0
-    tag: Any = None  # the Transaction, for hooks
-    # results
-    version: int = -1
-    stamp: bytes | None = None
-    error: BaseException | None = None
-    done: bool = False
-    task: Any = None  # the parked committer's trio task, while it waits
+    A plain slotted class (not a dataclass with default factories): one is
+    built per commit, on the hot path.
+    """
+
+    __slots__ = ("read_version", "read_ranges", "write_ranges", "mutations", "read_points",
+                 "write_points", "stamped", "size", "tag", "version", "batch_version", "order", "error",
+                 "done", "task")
+
+    def __init__(
+        self,
+        read_version: int,
+        read_ranges: list[tuple[bytes, bytes]],
+        write_ranges: list[tuple[bytes, bytes]],
+        mutations: list[Mutation],
+        read_points: list[bytes] | None = None,   # single-key read conflicts
+        write_points: list[bytes] | None = None,  # single-key write conflicts
+        # (index into mutations, kind, key, value, offset): stamped at resolve time
+        stamped: list[tuple[int, str, bytes, bytes, int]] | None = None,
+        size: int = 0,
+        tag: Any = None,  # the Transaction, for hooks
+    ) -> None:
+        self.read_version = read_version
+        self.read_ranges = read_ranges
+        self.write_ranges = write_ranges
+        self.mutations = mutations
+        self.read_points = read_points if read_points is not None else []
+        self.write_points = write_points if write_points is not None else []
+        self.stamped = stamped if stamped is not None else []
+        self.size = size
+        self.tag = tag
+        # results
+        self.version = -1  # the commit version, once committed
+        self.batch_version = -1  # the version of the batch that accepted it (set at resolve)
+        self.order = -1  # position in that batch: the versionstamp's last two bytes
+        self.error: BaseException | None = None
+        self.done = False
+        self.task: Any = None  # the parked committer's trio task, while it waits
+
+    @property
+    def stamp(self) -> bytes | None:
+        """The 10-byte versionstamp (commit version + batch order), once accepted."""
+        if self.order < 0:
+            return None
+        return self.batch_version.to_bytes(8, "big") + self.order.to_bytes(2, "big")
+
+    def __repr__(self) -> str:
+        return f"<CommitRequest rv={self.read_version} version={self.version} order={self.order} error={self.error!r}>"
 
 
 class Watch:
@@ -189,6 +226,10 @@ class Engine:
         self.random = rng or random.Random()
         self.mvcc_window = mvcc_window
         self.resolver = Resolver()
+        # A store that can write synchronously may say when (``can_apply_inline``)
+        # and whether the engine should yield after such a write.
+        self._can_apply_inline: Callable[[], bool] = getattr(store, "can_apply_inline", lambda: False)
+        self._checkpoint_after_inline: bool = getattr(store, "checkpoint_after_inline", True)
         self._last_version = store.committed_version()
         self._max_read_version = self._last_version
         self._applying_version: int | None = None
@@ -254,13 +295,25 @@ class Engine:
         while not req.done:
             if not self._writing:
                 self._writing = True
+                inline = False
                 try:
-                    with trio.CancelScope(shield=True):
-                        await self._write_one_batch()
+                    batch = self._take_batch()
+                    if batch and self._can_apply_inline():
+                        # Nothing else could run meanwhile: resolve, write and
+                        # finish without a thread hop or a cancel scope (no
+                        # await happens in between, so nothing can cancel it).
+                        inline = True
+                        self._write_batch_inline(batch)
+                    elif batch:
+                        with trio.CancelScope(shield=True):
+                            await self._write_one_batch(batch)
                 finally:
                     self._writing = False
                     if self._pending:  # hand the pipeline to the next waiter
                         _wake(self._pending[0])
+                if inline and self._checkpoint_after_inline:
+                    # a schedule point, so a loop of inline commits still lets I/O in
+                    await trio.lowlevel.cancel_shielded_checkpoint()
             else:
                 req.task = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
@@ -278,29 +331,34 @@ class Engine:
         del self._pending[:n]
         return batch
 
-    async def _write_one_batch(self) -> None:
-        batch = self._take_batch()
-        if not batch:
-            return
+    def _resolve(self, batch: list[CommitRequest]) -> tuple[int, list[CommitRequest], list[Mutation]]:
+        """Check ``batch`` in order against the MVCC window and the resolver.
+
+        Returns the batch's version, the accepted requests (stamped, their
+        writes recorded in the resolver) and their mutations in order; the
+        rejected ones carry their error.
+        """
         version = self._next_version()
         accepted: list[CommitRequest] = []
         mutations: list[Mutation] = []
         window_floor = version - self.mvcc_window
+        resolver = self.resolver
         for req in batch:
             if (req.read_ranges or req.read_points) and req.read_version < window_floor:
                 req.error = KVError(1007, "read version is older than the MVCC window")
                 self.stats["too_old"] += 1
                 continue
-            if self.resolver.conflicts(req.read_ranges, req.read_version, req.read_points):
+            if resolver.conflicts(req.read_ranges, req.read_version, req.read_points):
                 req.error = KVError(1020)
                 self.stats["conflicts"] += 1
                 continue
-            order = len(accepted)
-            stamp = version.to_bytes(8, "big") + order.to_bytes(2, "big")
-            req.stamp = stamp
+            req.batch_version = version
+            req.order = len(accepted)
             muts = req.mutations
             if req.stamped:
+                stamp = req.stamp
                 muts = list(muts)
+                req.write_points = list(req.write_points)  # the transaction's own list stays as it was
                 for index, kind, key, value, offset in req.stamped:
                     if kind == "key":
                         final = _stamp_into(key, offset, stamp)
@@ -308,35 +366,21 @@ class Engine:
                         req.write_points.append(final)
                     else:
                         muts[index] = ("set", key, _stamp_into(value, offset, stamp))
-            self.resolver.add(version, req.write_ranges, req.write_points)
+            resolver.add(version, req.write_ranges, req.write_points)
             accepted.append(req)
             mutations.extend(muts)
-        try:
-            if accepted:
-                self.hooks.before_apply(version, accepted)
-                self._applying_version = version
-                try:
-                    await self.store.apply(version, mutations)
-                finally:
-                    self._applying_version = None
-                self._last_version = version
-                self.stats["batches"] += 1
-                self.stats["commits"] += len(accepted)
-                self.resolver.forget_before(window_floor)
-                self._check_watches(mutations)
-                failures = self.hooks.after_apply(version, accepted) or {}
-            else:
-                failures = {}
-        except BaseException as exc:  # a crash or a storage failure: nobody in the batch committed (or knows)
-            log.debug("batch at version %d failed: %r", version, exc)
-            for req in batch:
-                if req.error is None:
-                    req.error = exc
-                req.done = True
-                _wake(req)
-            if not isinstance(exc, Exception):
-                raise
-            return
+        return version, accepted, mutations
+
+    def _applied(self, version: int, accepted: list[CommitRequest], mutations: list[Mutation]) -> dict:
+        """Bookkeeping once a batch is durable; returns the hooks' injected failures."""
+        self._last_version = version
+        self.stats["batches"] += 1
+        self.stats["commits"] += len(accepted)
+        self.resolver.forget_before(version - self.mvcc_window)
+        self._check_watches(mutations)
+        return self.hooks.after_apply(version, accepted) or {}
+
+    def _deliver(self, batch: list[CommitRequest], version: int, failures: dict) -> None:
         for req in batch:
             if req.error is None:
                 req.version = version
@@ -344,6 +388,50 @@ class Engine:
                     req.error = failures[req]
             req.done = True
             _wake(req)
+
+    def _fail(self, batch: list[CommitRequest], version: int, exc: BaseException) -> None:
+        """A crash or a storage failure: nobody in the batch committed (or knows)."""
+        log.debug("batch at version %d failed: %r", version, exc)
+        for req in batch:
+            if req.error is None:
+                req.error = exc
+            req.done = True
+            _wake(req)
+
+    def _write_batch_inline(self, batch: list[CommitRequest]) -> None:
+        """The whole batch on this thread, for a store that can write synchronously now."""
+        version, accepted, mutations = self._resolve(batch)
+        try:
+            failures = {}
+            if accepted:
+                self.hooks.before_apply(version, accepted)
+                self.store.apply_sync(version, mutations)
+                failures = self._applied(version, accepted, mutations)
+        except BaseException as exc:
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._deliver(batch, version, failures)
+
+    async def _write_one_batch(self, batch: list[CommitRequest]) -> None:
+        version, accepted, mutations = self._resolve(batch)
+        try:
+            failures = {}
+            if accepted:
+                self.hooks.before_apply(version, accepted)
+                self._applying_version = version
+                try:
+                    await self.store.apply(version, mutations)
+                finally:
+                    self._applying_version = None
+                failures = self._applied(version, accepted, mutations)
+        except BaseException as exc:
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._deliver(batch, version, failures)
 
     # -- watches ----------------------------------------------------------
 

@@ -756,7 +756,9 @@ class Transaction:
         # Values the watches compare against: what this transaction saw or wrote.
         for w in self._watches:
             w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
-        size = self._size + sum(len(b) + len(e) for b, e in self._read_ranges)
+        size = self._size
+        if self._read_ranges:
+            size += sum(len(b) + len(e) for b, e in self._read_ranges)
         if self._read_points:
             size += sum(map(len, self._read_points)) * 2 + len(self._read_points)
         if size > self._size_limit:
@@ -766,16 +768,12 @@ class Transaction:
             return
         engine.hooks.before_commit(self)
         read_version = self._read_version if self._read_version is not None else engine.committed_version()
+        # The lists are handed over, not copied: a committing transaction is
+        # frozen (2017 on any use), and a retry starts from fresh ones
+        # (_reset_state). The engine appends stamped keys to write_points.
         req = CommitRequest(
-            read_version=read_version,
-            read_ranges=self._read_ranges,
-            write_ranges=list(self._write_ranges),
-            read_points=self._read_points,
-            write_points=list(self._write_points),
-            mutations=self._mutations,
-            stamped=self._stamped,
-            size=size,
-            tag=self,
+            read_version, self._read_ranges, self._write_ranges, self._mutations,
+            self._read_points, self._write_points, self._stamped, size, self,
         )
         if self._snap is not None:  # release the storage snapshot before waiting
             self._snap.close()

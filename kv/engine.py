@@ -238,7 +238,7 @@ class Engine:
         self._watches: dict[bytes, set[Watch]] = {}
         self._watch_count = 0
         self.closed = False
-        self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0}
+        self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0, "inline_batches": 0}
 
     # -- versions ---------------------------------------------------------
 
@@ -303,6 +303,7 @@ class Engine:
                         # finish without a thread hop or a cancel scope (no
                         # await happens in between, so nothing can cancel it).
                         inline = True
+                        self.stats["inline_batches"] += 1
                         self._write_batch_inline(batch)
                     elif batch:
                         with trio.CancelScope(shield=True):

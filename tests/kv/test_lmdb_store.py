@@ -1,0 +1,115 @@
+"""The LMDB store's own behaviour: its storage format and when a batch is written inline."""
+
+from __future__ import annotations
+
+import socket
+
+import lmdb
+import pytest
+import trio
+
+import kv
+from kv import KVError
+
+
+async def test_directory_of_the_first_format_is_refused_and_left_as_it_was(tmp_path):
+    # Format 1 kept data in named databases "data" and "meta".
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 24)
+    data = env.open_db(b"data")
+    with env.begin(write=True, db=data) as txn:
+        txn.put(b"kold", b"value")
+    env.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name == "data.mdb"}
+    with pytest.raises(KVError) as info:
+        await kv.open(f"lmdb:{tmp_path}")
+    assert info.value.code == 2000
+    assert "format 1" in str(info.value) and str(tmp_path) in str(info.value)
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name == "data.mdb"}
+    assert after == before  # nothing written
+    # and the directory is not left locked: a retry fails the same way, not "already open"
+    with pytest.raises(KVError, match="format 1"):
+        await kv.open(f"lmdb:{tmp_path}")
+
+
+async def test_new_directory_is_stamped_and_reopens(tmp_path):
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        await db.transact(lambda tr: _set(tr, b"a", b"1"))
+    env = lmdb.open(str(tmp_path), max_dbs=0, readonly=True, lock=False)
+    with env.begin() as txn:
+        assert txn.get(b"mformat") == b"2"
+        assert txn.get(b"ka") == b"1"
+    env.close()
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        tr = db.create_transaction()
+        assert await tr.get(b"a") == b"1"
+        # range reads see data keys only, never the engine's own records
+        assert [kv_.key for kv_ in await tr.get_range(b"", b"\xff")] == [b"a"]
+        assert [kv_.key for kv_ in await tr.get_range(b"", b"\xff", reverse=True)] == [b"a"]
+
+
+async def _set(tr, k, v):  # idempotent: plain set
+    tr.set(k, v)
+
+
+async def test_lone_commits_are_written_inline_and_concurrent_ones_batched(tmp_path):
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        stats = db.engine.stats
+        for i in range(20):
+            tr = db.create_transaction()
+            tr.set(b"seq/%02d" % i, b"v")
+            await tr.commit()
+        assert stats["inline_batches"] == stats["batches"] == 20
+
+        inline0, batches0 = stats["inline_batches"], stats["batches"]
+
+        async def writer(w: int) -> None:
+            for n in range(10):
+                tr = db.create_transaction()
+                tr.set(b"w/%02d/%02d" % (w, n), b"v")
+                await tr.commit()
+
+        async with trio.open_nursery() as nursery:
+            for w in range(32):
+                nursery.start_soon(writer, w)
+        batches = stats["batches"] - batches0
+        assert batches < 320  # group commit: fewer batches than commits
+        assert stats["inline_batches"] - inline0 < batches  # others were runnable: the writer thread wrote
+        tr = db.create_transaction()
+        assert len(await tr.get_range(b"w/", b"w0")) == 320
+
+
+async def test_a_loop_of_inline_commits_still_lets_io_in(tmp_path):
+    """A task waiting on I/O is not runnable when a lone commit starts (so the
+    write is inline), but the commit yields afterwards, so the I/O is served
+    between commits rather than after the whole loop."""
+    a, b = socket.socketpair()
+    reader_sock = trio.socket.from_stdlib_socket(b)
+    received = 0
+
+    async def reader() -> None:
+        nonlocal received
+        while True:
+            data = await reader_sock.recv(64)
+            if not data:
+                return
+            received += len(data)
+
+    try:
+        async with await kv.open(f"lmdb:{tmp_path}") as db:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                await trio.sleep(0.05)  # the reader is parked in recv
+                inline0 = db.engine.stats["inline_batches"]
+                for i in range(10):
+                    a.send(b"x")
+                    tr = db.create_transaction()
+                    tr.set(b"k%d" % i, b"v")
+                    await tr.commit()  # the loop's only await
+                served_during_loop = received
+                inline = db.engine.stats["inline_batches"] - inline0
+                a.shutdown(socket.SHUT_WR)
+        assert inline >= 5  # mostly inline: the reader was not runnable when they started
+        assert served_during_loop >= 9  # yet the reader ran between them
+    finally:
+        a.close()
+        reader_sock.close()

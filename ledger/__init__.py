@@ -19,6 +19,9 @@ Public face::
     ack.submission_id, ack.run_id, ack.cursor, ack.status, ack.outcome, ack.created
 
     lease = await ledger.claim(worker_id, lease_seconds=30)   # Lease | None
+    ack, lease = await ledger.submit_and_claim(submission_id, delivery, schema, owner=owner,
+                                               conversation=conv, worker_id=w)  # one commit; lease None
+                                               # when the run queued behind another / id reused
     # claim(..., finalize_exhausted=True): the first claim past max_attempts comes back with
     # lease.exhausted=True so the worker tidies the transcript and settles retry_exhausted itself
     lease.run_id, lease.token, lease.attempt, lease.expires_at, lease.owner, lease.conversation

@@ -147,6 +147,10 @@ class Lease:
     #: Other claimable entries the claiming transaction saw (up to CLAIM_WINDOW - 1): a hint
     #: that more work is waiting (a worker pool may then look for it with more workers).
     backlog: int = 0
+    #: True when the run was created by the very transaction that claimed it
+    #: (:meth:`Ledger.submit_and_claim`): nothing else can exist for it yet (no loop
+    #: state, no cancel record), so ``on_claimed`` may skip reading them.
+    new_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +184,10 @@ class RunInfo:
 
 
 class _PendingAck:
-    __slots__ = ("ack", "ref")
+    __slots__ = ("ack", "ref", "lease")
 
-    def __init__(self, ack: Acknowledgement, ref: EventRef | None) -> None:
-        self.ack, self.ref = ack, ref
+    def __init__(self, ack: Acknowledgement, ref: EventRef | None, lease: "Lease | None" = None) -> None:
+        self.ack, self.ref, self.lease = ack, ref, lease
 
     async def result(self) -> Acknowledgement:
         if self.ref is None:
@@ -193,6 +197,16 @@ class _PendingAck:
 
 
 _SKIP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimOnSubmit:
+    """What :meth:`Ledger.submit_and_claim` asks of :meth:`Ledger.submit_tr`."""
+
+    worker_id: str
+    lease_seconds: float
+    nonce: str
+    on_claimed: Callable[[Any, Lease], Awaitable[Any]] | None
 
 
 class Ledger:
@@ -257,9 +271,15 @@ class Ledger:
     async def submit_tr(self, tr: Any, submission_id: str, delivery: Any, result_schema: Any = None, *,
                         owner: OwnerLike, conversation: str, policy: Policy = "queue",
                         limits: Mapping[str, int] | None = None,
-                        max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> _PendingAck:
+                        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                        claim: "_ClaimOnSubmit | None" = None) -> _PendingAck:
         """Submit in ``tr``. Guarded by the submission record (read first).
-        ``await (await ledger.submit_tr(...)).result()`` after commit gives the acknowledgement."""
+        ``await (await ledger.submit_tr(...)).result()`` after commit gives the acknowledgement.
+
+        With ``claim`` (see :meth:`submit_and_claim`) a new run that is its
+        conversation's active run at once is leased to ``claim.worker_id`` in
+        this same transaction instead of entering the ready index; the
+        pending acknowledgement's ``lease`` is then set."""
         tag = as_tag(owner)
         _check_id("submission id", submission_id)
         check_conversation_id(conversation)
@@ -280,8 +300,16 @@ class Ledger:
             run = await self._run(tr, rec["run_id"])
             pos = await tr.get(self.keys.submission_cursor(tag, submission_id))
             outcome = await self._outcome(tr, run["id"]) if run["state"] in SETTLED_STATES else None
+            lease = None
+            if claim is not None and run["state"] == RUNNING:
+                # A retry (after commit_unknown_result) of a submit_and_claim that committed: the
+                # lease carries its nonce, so the run is ours to drive (hook result not at hand).
+                lraw = await tr.get(self.keys.lease(run["id"]))
+                lrec = loads(lraw) if lraw is not None else None
+                if lrec is not None and lrec.get("nonce") == claim.nonce:
+                    lease = self._lease_from(run, lrec)
             return _PendingAck(Acknowledgement(submission_id, run["id"], encode_cursor(pos) if pos else None,
-                                               run["state"], outcome, created=False), None)
+                                               run["state"], outcome, created=False), None, lease)
         cs_key = self.keys.conversation_state(tag, conversation)
         cs_raw = await tr.get(cs_key)
         cs = loads(cs_raw) if cs_raw else {"active": None, "tail": 0}
@@ -302,9 +330,21 @@ class Ledger:
                "settled_token": None, "released_token": None, "error": None}
         tr.set(self.keys.fifo(tag, conversation, seq), run_id.encode())
         tr.set(self.keys.history(tag, conversation, seq), run_id.encode())
+        lease_rec: dict[str, Any] | None = None
         if cs["active"] is None:
             cs["active"] = run_id
-            self._make_ready(tr, run)
+            if claim is None:
+                self._make_ready(tr, run)
+            else:
+                # Claimed in this transaction: never in the ready index, no ready signal (idle
+                # workers elsewhere are not woken for a run that is already taken).
+                expires_at = now + claim.lease_seconds
+                expires_us = int(expires_at * 1e6)
+                lease_rec = {"token": 1, "worker": claim.worker_id, "expires_at": expires_at,
+                             "expires_us": expires_us, "nonce": claim.nonce}
+                tr.set(self.keys.lease(run_id), dumps(lease_rec))
+                tr.set(self.keys.expiry(expires_us, run_id), b"")
+                run.update(state=RUNNING, attempt=1, claims=1)
         tr.set(cs_key, dumps(cs))
         self._put_run(tr, run)
         tr.set(self.keys.submission(tag, submission_id), dumps({
@@ -315,7 +355,16 @@ class Ledger:
                                       {"run_id": run_id, "submission_id": submission_id})
         tr.set_versionstamped_value(self.keys.submission_cursor(tag, submission_id),
                                     b"\x00" * 10 + ref.order.to_bytes(2, "big") + struct.pack("<I", 0))
-        return _PendingAck(Acknowledgement(submission_id, run_id, None, QUEUED, None, created=True), ref)
+        lease = None
+        if lease_rec is not None:
+            assert claim is not None
+            await self.journal.emit(tr, tag, conversation, ev.RUN_STARTED, {
+                "run_id": run_id, "attempt": 1, "max_attempts": max_attempts, "takeover": False})
+            lease = self._lease_from(run, lease_rec)
+            lease.new_run = True
+            if claim.on_claimed is not None:
+                lease.prepared = await claim.on_claimed(tr, lease)
+        return _PendingAck(Acknowledgement(submission_id, run_id, None, run["state"], None, created=True), ref, lease)
 
     async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
                      owner: OwnerLike, conversation: str, policy: Policy = "queue",
@@ -327,6 +376,38 @@ class Ledger:
             tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
             limits=limits, max_attempts=max_attempts))
         return await pending.result()
+
+    async def submit_and_claim(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
+                               owner: OwnerLike, conversation: str, worker_id: str,
+                               lease_seconds: float = DEFAULT_LEASE_SECONDS, policy: Policy = "queue",
+                               limits: Mapping[str, int] | None = None,
+                               max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                               on_claimed: Callable[[Any, Lease], Awaitable[Any]] | None = None,
+                               ) -> tuple[Acknowledgement, Lease | None]:
+        """Submit and, when the new run can start at once (its conversation has no active
+        run), claim it for ``worker_id`` in the same transaction: one commit where
+        :meth:`submit` + :meth:`claim` make two, and no idle worker is woken for it.
+
+        For a submitter that will drive the run itself (the embedded ``Runtime.run``).
+        Returns the acknowledgement and the lease (None: the run queued behind another,
+        or the submission id was already used: workers run it, wait for it as usual).
+        The lease is attempt 1 with ``new_run`` set; ``on_claimed(tr, lease)`` runs in
+        the transaction as for :meth:`claim` (its result is ``lease.prepared``).
+
+        Guarded by the submission record, as :meth:`submit`; the lease carries a nonce
+        chosen before the first attempt, so a retry after ``commit_unknown_result``
+        whose first attempt committed finds its own lease and returns it (without
+        ``prepared``: the hook did not run again).
+        """
+        _check_id("worker id", worker_id)
+        if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+        sid = submission_id or self.new_id()
+        claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
+        pending = await self.db.transact(lambda tr: self.submit_tr(
+            tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
+            limits=limits, max_attempts=max_attempts, claim=claim))
+        return await pending.result(), pending.lease
 
     async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a leased run's submission, in ``tr`` (read-only):

@@ -33,7 +33,7 @@ import itertools
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
@@ -150,6 +150,10 @@ class Runner:
         self._lease_lost = False
         self._txn_cancel = False  # the cancel record as read by the current commit attempt
         self._new_token = _token_source()
+        self._txn_settled: dict[str, Any] | None = None  # the outcome the current commit attempt settles
+        # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
+        # from it instead of reading and watching the outcome); None: not settled by this runner.
+        self.settled: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ entry
 
@@ -256,6 +260,7 @@ class Runner:
             store = self.store
 
             async def fn(tr: Any) -> LoopState:
+                self._txn_settled = None
                 await store.check_lease(tr, self.claim)
                 raw = await tr.get(store.loop_keys.state(self.run_id))
                 st = LoopState.from_bytes(raw) if raw is not None else None
@@ -291,9 +296,15 @@ class Runner:
                 raise RunStopped(str(e)) from None
             except _CancelSeen:
                 return False
+            if self._txn_settled is not None:  # the attempt that committed settled the run
+                self.settled = self._txn_settled
             self.messages.extend(dict(m) for m in append)
             self.head += len(append)
             return True
+
+    async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
+        """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
+        self._txn_settled = await self.store.settle(tr, self.claim, outcome)
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
         return _message_events(self.run_id, first_seq, msgs)
@@ -321,7 +332,8 @@ class Runner:
         from sessions.transcript import MAX_READ_PAGE
 
         run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
-        if await tr.get(store.loop_keys.state(run_id)) is not None:
+        new_run = claim.lease.new_run  # created by this very transaction: no state, no cancel yet
+        if not new_run and await tr.get(store.loop_keys.state(run_id)) is not None:
             return None
         exists = True
         try:
@@ -333,7 +345,7 @@ class Runner:
             if page.next_seq is not None:
                 return None
             messages = [m.data for m in page.messages]
-        cancel = await store.cancel_requested(tr, run_id)
+        cancel = False if new_run else await store.cancel_requested(tr, run_id)
         first_seq = len(messages)
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
@@ -643,7 +655,7 @@ class Runner:
                 await self.store.record_usage(tr, self.claim, f"model-{call_no}", usage)
             if final_outcome is not None:
                 # A cancel seen here wins over the answer (which stays in the transcript).
-                await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else final_outcome)
+                await self._settle_tr(tr, L.cancelled("cancel requested") if self._txn_cancel else final_outcome)
 
         await self._commit(mutate, append=appended, events=events, extra=extra)
         if start_first is not None and (self.state.calls.get(start_first["id"]) or {}).get("state") == CALL_STARTED:  # type: ignore[union-attr]
@@ -823,7 +835,7 @@ class Runner:
         appended = [{"role": "error", "error": error}] if error_message else []
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else outcome)
+            await self._settle_tr(tr, L.cancelled("cancel requested") if self._txn_cancel else outcome)
 
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
         raise RunStopped("settled")
@@ -834,7 +846,7 @@ class Runner:
         appended = [error_msg] if error_msg is not None else []
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, L.cancelled("cancel requested") if self._txn_cancel else outcome)
+            await self._settle_tr(tr, L.cancelled("cancel requested") if self._txn_cancel else outcome)
 
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
         raise RunStopped("settled")
@@ -862,7 +874,7 @@ class Runner:
             return out
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, outcome)
+            await self._settle_tr(tr, outcome)
 
         await self._commit(append=results, events=events, extra=extra)
         raise RunStopped("settled retry_exhausted")
@@ -877,7 +889,7 @@ class Runner:
         outcome = L.cancelled("cancel requested")
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self.store.settle(tr, self.claim, outcome)
+            await self._settle_tr(tr, outcome)
 
         await self._commit(append=results, events=lambda seq: self._message_events(seq, results), extra=extra)
         raise RunStopped("settled cancelled")

@@ -267,22 +267,26 @@ class Runtime:
         run fails with ``usage_limit``.
         """
         self.register(agent)
+        ack = await self.store.submit(
+            owner or self.owner,
+            conversation,
+            submission_id or uuid.uuid4().hex,
+            self._delivery(agent, message, limits),
+            dict(result_schema) if result_schema else None,
+            policy=policy,
+            limits=limits,
+        )
+        return ack
+
+    @staticmethod
+    def _delivery(agent: Agent, message: str | Mapping[str, Any], limits: Mapping[str, int] | None) -> dict[str, Any]:
         delivery: dict[str, Any] = {"agent": agent.name, "message": message if isinstance(message, str) else dict(message)}
         if isinstance(agent.model, str):
             delivery["model"] = agent.model
             delivery["instructions"] = agent.instructions
         if limits:
             delivery["limits"] = dict(limits)
-        ack = await self.store.submit(
-            owner or self.owner,
-            conversation,
-            submission_id or uuid.uuid4().hex,
-            delivery,
-            dict(result_schema) if result_schema else None,
-            policy=policy,
-            limits=limits,
-        )
-        return ack
+        return delivery
 
     async def run(
         self,
@@ -295,11 +299,45 @@ class Runtime:
         owner: str | None = None,
         limits: Mapping[str, int] | None = None,
     ) -> Outcome:
-        """Submit and wait until the run settles; returns its :class:`Outcome` (never raises for a failed run)."""
-        ack = await self.submit(
-            agent, conversation, message, submission_id=submission_id, result_schema=result_schema, owner=owner,
-            limits=limits,
+        """Submit and wait until the run settles; returns its :class:`Outcome` (never raises for a failed run).
+
+        The caller is about to wait anyway, so this process drives the run itself: the
+        submission, the claim and the run's first writes are one commit (the ledger's
+        ``submit_and_claim``), the run executes in a task of the runtime (not the caller's:
+        cancelling the wait neither stops nor interrupts it), and the outcome comes from
+        that runner, with no transaction to read or watch it.  A run that must queue
+        behind another of its conversation, or a submission id already used, is left to
+        the claim loops and waited for as :meth:`wait` does; so is a run its runner
+        stopped driving without settling (parked for approval, lease lost, a storage
+        failure: it is re-claimed from storage).
+        """
+        self.register(agent)
+        tag = owner or self.owner
+        nursery = self._nursery
+        if nursery is None:  # not opened through Runtime.open: no task to drive it in
+            ack = await self.submit(agent, conversation, message, submission_id=submission_id,
+                                    result_schema=result_schema, owner=owner, limits=limits)
+            return await self.wait(ack, owner=owner)
+        ack, claim = await self.store.submit_and_claim(
+            tag, conversation, submission_id or uuid.uuid4().hex, self._delivery(agent, message, limits),
+            dict(result_schema) if result_schema else None, worker=f"{self.worker_prefix}-run",
+            prepare=self._prepare, limits=limits,
         )
+        if claim is None:
+            return await self.wait(ack, owner=owner)
+        runner = Runner(self, claim, self._agent_for(claim))
+        done = trio.Event()
+
+        async def drive() -> None:
+            try:
+                await runner.execute()
+            finally:
+                done.set()
+
+        nursery.start_soon(drive)
+        await done.wait()
+        if runner.settled is not None:
+            return Outcome.from_record(ack.run_id, runner.settled)
         return await self.wait(ack, owner=owner)
 
     async def wait(self, ack: Acknowledgement | str, *, owner: str | None = None) -> Outcome:

@@ -18,7 +18,7 @@ import trio
 import kv
 import ledger as L
 from sessions import events as E
-from sessions.codec import dumps
+from sessions.codec import dumps, loads
 from sessions.errors import NotFound as SessionNotFound
 from sessions.journal import Journal
 from sessions.owners import LOCAL_OWNER, as_tag
@@ -152,6 +152,60 @@ class Store:
         return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
                                duplicate=not ack.created, outcome=ack.outcome)
 
+    async def submit_and_claim(
+        self, owner: str, conv: str, submission_id: str, delivery: Any, schema: Any, *, worker: str,
+        prepare: Callable[[Any, Claim], Awaitable[Any]] | None = None, policy: str = "queue",
+        limits: Mapping[str, int] | None = None,
+    ) -> tuple["Acknowledgement", Claim | None]:
+        """Submit, and claim the run for ``worker`` in the same transaction when it can start
+        at once (the ledger's ``submit_and_claim``; guarded by the submission record and the
+        lease's nonce), with ``prepare(tr, claim)`` making the run's first writes there too:
+        one commit for what ``submit`` + ``claim`` do in two.  The claim is None when the run
+        queued behind another or the submission id was already used (workers run it).
+        A ``prepare`` that raises anything but a storage error aborts the transaction and the
+        whole submission is made again without it (as in :meth:`claim`)."""
+        from .runtime import Acknowledgement
+
+        # The request as the ledger stores it (what a claim elsewhere would read back), so a
+        # run begun here sees exactly what a worker's claim would have.
+        request = loads(dumps({"delivery": delivery, "result_schema": schema}))
+        delivery_s, schema_s = request["delivery"], request["result_schema"]
+
+        def on_claimed_with(with_prepare: bool) -> Callable[[Any, L.Lease], Awaitable[Claim]]:
+            async def on_claimed(tr: Any, lease: L.Lease) -> Claim:
+                claim = self._claim_of(lease, delivery_s, schema_s)
+                if with_prepare and prepare is not None:
+                    try:
+                        claim.prepared = await prepare(tr, claim)
+                    except (kv.KVError, L.LeaseLost):
+                        raise
+                    except Exception as e:  # noqa: BLE001 — see the docstring: made again without it
+                        raise _PrepareFailed() from e
+                return claim
+
+            return on_claimed
+
+        async def go(with_prepare: bool) -> tuple[L.Acknowledgement, L.Lease | None]:
+            return await self.ledger.submit_and_claim(
+                submission_id, delivery, schema, owner=owner, conversation=conv, worker_id=worker,
+                lease_seconds=self.lease_seconds, policy=policy, limits=limits,  # type: ignore[arg-type]
+                max_attempts=self.max_attempts + 1,  # see submit
+                on_claimed=on_claimed_with(with_prepare))
+
+        try:
+            ack, lease = await go(True)
+        except _PrepareFailed as e:
+            log.debug("submit_and_claim: prepare failed (%r); submitting without it", e.__cause__)
+            ack, lease = await go(False)
+        out = Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
+                              duplicate=not ack.created, outcome=ack.outcome)
+        if lease is None:
+            return out, None
+        if isinstance(lease.prepared, Claim):
+            return out, lease.prepared
+        # A retry that found its own committed claim: the hook's result is not at hand.
+        return out, self._claim_of(lease, delivery_s, schema_s)
+
     async def claim(
         self, worker: str, prepare: Callable[[Any, Claim], Awaitable[Any]] | None = None
     ) -> Claim | None:
@@ -212,10 +266,12 @@ class Store:
         """Give the run back (not an attempt): the next claim resumes it at once."""
         await self.ledger.release(claim.lease)
 
-    async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any]) -> None:
-        """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled."""
-        await self.ledger.settle_tr(tr, claim.lease, outcome)
+    async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled.
+        Returns the outcome as stored."""
+        out = await self.ledger.settle_tr(tr, claim.lease, outcome)
         tr.clear(self.loop_keys.parked(claim.run_id))
+        return out
 
     async def wait_for_work(self, max_wait: float) -> None:
         await self.ledger.wait_for_work(max_wait)

@@ -325,3 +325,61 @@ async def test_finalize_exhausted_hands_the_last_claim_to_the_worker(db, clock):
         clock.advance(2)
     assert await L.claim("w", lease_seconds=1, finalize_exhausted=True) is None
     assert (await L.get_run(b.run_id)).outcome["error"]["type"] == "retry_exhausted"
+
+
+async def test_submit_and_claim_leases_a_runnable_run_in_the_submitting_commit(db, clock):
+    s, L = make(db, clock)
+    seen = []
+
+    async def on_claimed(tr, lease):
+        seen.append(lease.run_id)
+        tr.set(b"hook/" + lease.run_id.encode(), b"x")  # commits with the submission
+        return "prepared"
+
+    ack, lease = await L.submit_and_claim("s1", {"text": "hi"}, None, owner=OWNER, conversation="c",
+                                          worker_id="w", lease_seconds=5, on_claimed=on_claimed)
+    assert ack.created and ack.status == RUNNING and ack.cursor
+    assert (lease.run_id, lease.token, lease.attempt, lease.new_run, lease.prepared) == (ack.run_id, 1, 1, True, "prepared")
+    assert seen == [ack.run_id]
+    assert await db.transact(lambda tr: tr.get(b"hook/" + ack.run_id.encode())) == b"x"
+    evs = (await s.journal.read(OWNER, "c")).events
+    assert [e.type for e in evs] == [events.RUN_QUEUED, events.RUN_STARTED] and evs[0].cursor == ack.cursor
+    assert evs[1].data == {"run_id": ack.run_id, "attempt": 1, "max_attempts": 10, "takeover": False}
+    info = await L.get_run(ack.run_id)
+    assert info.state == RUNNING and info.worker == "w" and info.lease_expires_at == clock() + 5
+    assert await L.claim("other") is None  # never in the ready index
+    # a second run of the conversation queues behind it; no lease
+    ack2, lease2 = await L.submit_and_claim("s2", {"text": "more"}, None, owner=OWNER, conversation="c", worker_id="w")
+    assert lease2 is None and ack2.status == QUEUED
+    # the same submission again: its run, no lease for this caller
+    again, lease3 = await L.submit_and_claim("s1", {"text": "hi"}, None, owner=OWNER, conversation="c", worker_id="w")
+    assert (again.run_id, again.created, lease3) == (ack.run_id, False, None)
+    # fenced like any lease: an expired one is taken over and the stale holder loses
+    clock.advance(6)
+    taken = await L.claim("w2")
+    assert taken.run_id == ack.run_id and taken.token == 2 and taken.attempt == 2 and taken.takeover
+    with pytest.raises(LeaseLost):
+        await L.settle(lease, completed("stale"))
+    await L.settle(taken, completed("ok"))
+    nxt = await L.claim("w2")
+    assert nxt.run_id == ack2.run_id and nxt.attempt == 1
+
+
+async def test_submit_and_claim_after_1021_returns_its_own_lease_once(db, inject_1021):
+    s, L = make(db)
+    hooks = inject_1021(db, b"sub", n=1)
+    calls = []
+
+    async def on_claimed(tr, lease):
+        calls.append(lease.token)
+        return "prepared"
+
+    ack, lease = await L.submit_and_claim("k", {"text": "hi"}, None, owner=OWNER, conversation="c",
+                                          worker_id="w", on_claimed=on_claimed)
+    assert hooks.injected == 1 and calls == [1]
+    assert not ack.created  # the retry found the committed submission...
+    assert lease is not None and lease.run_id == ack.run_id and lease.token == 1 and lease.prepared is None  # ...and lease
+    assert [r.id for r in await L.list_runs(OWNER, "c")] == [ack.run_id]
+    assert [e.type for e in (await s.journal.read(OWNER, "c")).events] == [events.RUN_QUEUED, events.RUN_STARTED]
+    await L.settle(lease, completed(1))
+    assert (await L.wait_settled(ack.run_id))["result"] == 1

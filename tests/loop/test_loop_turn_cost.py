@@ -1,8 +1,9 @@
 """What an agent turn costs in storage work: commits per turn, and idle workers' wake-ups.
 
 These pin the performance-relevant shape of a turn (tests/bench/bench_turns.py
-measures its speed): the run's first writes ride on its claim, and a
-submission does not wake every idle worker of a runtime.
+measures its speed): the run's first writes ride on its claim, ``rt.run``
+submits and claims in that same commit, and a submission does not wake every
+idle worker of a runtime.
 """
 
 from __future__ import annotations
@@ -28,12 +29,35 @@ def tool_agent() -> Agent:
     return Agent("cost", "Cost agent.", ScriptedModel(script), tools=[noop])
 
 
-async def test_tool_turn_commits_five_times_and_begins_with_its_claim(tmp_path):
+async def test_tool_turn_through_run_commits_four_times_submitting_and_beginning_in_one(tmp_path):
     agent = tool_agent()
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
         assert (await rt.run(agent, "warm", "go")).ok
         before = rt.db.engine.stats["commits"]
         out = await rt.run(agent, "c1", "go")
+        assert out.ok and out.result == "done"
+        # submit + claim + user message; assistant + tool.started; tool result; final answer + settle
+        assert rt.db.engine.stats["commits"] - before == 4
+        events = (await rt.read_events("c1")).events
+        assert [e.type for e in events] == [
+            "run.queued", "run.started", "message.added", "message.added", "usage.updated", "tool.started",
+            "tool.completed", "message.added", "message.added", "usage.updated", "run.completed"]
+        # the first three in one commit (the first 10 cursor bytes are the commit's versionstamp)
+        assert len({decode_cursor(e.cursor)[:10] for e in events[:3]}) == 1
+        assert decode_cursor(events[3].cursor)[:10] != decode_cursor(events[2].cursor)[:10]
+        assert events[1].data == {"run_id": out.run_id, "attempt": 1, "max_attempts": events[1].data["max_attempts"],
+                                  "takeover": False}
+        assert [m["role"] for m in await rt.transcript("c1")] == ["user", "assistant", "tool", "assistant"]
+        info = await rt.get_run(out.run_id)
+        assert info.status == "completed" and info.attempt == 1
+
+
+async def test_tool_turn_through_submit_commits_five_times_and_begins_with_its_claim(tmp_path):
+    agent = tool_agent()
+    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
+        assert (await rt.run(agent, "warm", "go")).ok
+        before = rt.db.engine.stats["commits"]
+        out = await rt.wait(await rt.submit(agent, "c1", "go"))
         assert out.ok and out.result == "done"
         # submit; claim + user message; assistant + tool.started; tool result; final answer + settle
         assert rt.db.engine.stats["commits"] - before == 5
@@ -46,25 +70,50 @@ async def test_tool_turn_commits_five_times_and_begins_with_its_claim(tmp_path):
         assert [m["role"] for m in await rt.transcript("c1")] == ["user", "assistant", "tool", "assistant"]
 
 
+def _count_claims(rt: Runtime) -> list[int]:
+    calls = [0]
+    real_claim = rt.store.ledger.claim
+
+    async def counting_claim(*a, **kw):
+        calls[0] += 1
+        return await real_claim(*a, **kw)
+
+    rt.store.ledger.claim = counting_claim  # type: ignore[method-assign]
+    return calls
+
+
 async def test_a_submission_does_not_wake_every_idle_worker():
     agent = tool_agent()
     async with Runtime.open("memory:", workers=16, agents=[agent]) as rt:
-        calls = 0
-        real_claim = rt.store.ledger.claim
-
-        async def counting_claim(*a, **kw):
-            nonlocal calls
-            calls += 1
-            return await real_claim(*a, **kw)
-
-        rt.store.ledger.claim = counting_claim  # type: ignore[method-assign]
+        calls = _count_claims(rt)
         await trio.testing.wait_all_tasks_blocked()
-        calls = 0
-        assert (await rt.run(agent, "c1", "go")).ok
+        calls[0] = 0
+        assert (await rt.wait(await rt.submit(agent, "c1", "go"))).ok
         await trio.testing.wait_all_tasks_blocked()
         # Only the seated claimers look (a claim each, plus one more after the run ends),
         # not all 16 idle workers.
-        assert calls <= 2 * CLAIMERS + 1 and calls < 16, calls
+        assert calls[0] <= 2 * CLAIMERS + 1 and calls[0] < 16, calls
+
+
+async def test_run_wakes_no_idle_worker():
+    """rt.run claims its own run in the submitting transaction: no ready entry, no signal."""
+    agent = tool_agent()
+    async with Runtime.open("memory:", workers=16, agents=[agent]) as rt:
+        calls = _count_claims(rt)
+        waits = [0]
+        real_wait = rt.store.ledger.wait_for_work
+
+        async def counting_wait(*a, **kw):
+            waits[0] += 1
+            return await real_wait(*a, **kw)
+
+        rt.store.ledger.wait_for_work = counting_wait  # type: ignore[method-assign]
+        await trio.testing.wait_all_tasks_blocked()
+        calls[0] = waits[0] = 0
+        for i in range(3):
+            assert (await rt.run(agent, f"c{i}", "go")).ok
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls[0] == 0 and waits[0] == 0, (calls, waits)
 
 
 async def test_a_burst_of_runs_is_claimed_by_more_than_the_two_seats(tmp_path):

@@ -221,13 +221,27 @@ def _strinc(prefix: bytes) -> bytes:
 
 
 class Transaction:
-    """One FoundationDB-semantics transaction on the embedded engine."""
+    """One FoundationDB-semantics transaction on the embedded engine.
+
+    Slotted, with ``options`` and ``snapshot`` made on first use: one is
+    built per attempt of every transaction, so its construction is on
+    every hot path.
+    """
+
+    __slots__ = (
+        "db", "_engine", "_options", "_snapshot_view", "_timeout", "_retry_limit", "_max_retry_delay",
+        "_size_limit", "_started", "_backoff", "_retries", "_snap", "_read_version", "_writes",
+        "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
+        "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
+        "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_committing",
+        "_committed_version", "_cancelled", "_watches", "_versionstamp", "__dict__",
+    )
 
     def __init__(self, db: "Database") -> None:
         self.db = db
         self._engine = db._engine
-        self.options = TransactionOptions(self)
-        self.snapshot = _SnapshotView(self)
+        self._options: TransactionOptions | None = None
+        self._snapshot_view: _SnapshotView | None = None
         self._timeout: float | None = None
         self._retry_limit: int = -1
         self._max_retry_delay: float = DEFAULT_MAX_RETRY_DELAY
@@ -235,12 +249,30 @@ class Transaction:
         self._started = time.monotonic()
         self._backoff = INITIAL_BACKOFF
         self._retries = 0
+        self._snap = None
+        self._versionstamp: _Deferred | None = None
         self._reset_state()
+
+    @property
+    def options(self) -> TransactionOptions:
+        """FoundationDB-style options (timeout, retry limit, ...)."""
+        opts = self._options
+        if opts is None:
+            opts = self._options = TransactionOptions(self)
+        return opts
+
+    @property
+    def snapshot(self) -> "_SnapshotView":
+        """``tr.snapshot``: the same reads at the same read version, adding no read conflicts."""
+        view = self._snapshot_view
+        if view is None:
+            view = self._snapshot_view = _SnapshotView(self)
+        return view
 
     # -- state ------------------------------------------------------------
 
     def _reset_state(self) -> None:
-        snap = getattr(self, "_snap", None)
+        snap = self._snap
         if snap is not None:
             snap.close()
         self._snap = None
@@ -266,14 +298,14 @@ class Transaction:
         self._committed_version: int | None = None
         self._cancelled = False
         self._watches: list[Watch] = []
-        old = getattr(self, "_versionstamp", None)
+        old = self._versionstamp
         if old is not None:
             old._set(error=KVError(1025, "transaction was reset"))
-        self._versionstamp: _Deferred | None = None
+        self._versionstamp = None
 
     def reset(self) -> None:
         """Forget everything, as a new transaction (options other than the persistent ones reset)."""
-        for w in getattr(self, "_watches", ()):
+        for w in self._watches:
             w._fire(KVError(1025, "transaction was reset before its watch was armed"))
         self._reset_state()
         self._started = time.monotonic()
@@ -790,7 +822,7 @@ class Transaction:
                 self._versionstamp._set(error=err or KVError(1101))
             raise
         self._committing = False
-        self._finish(req.version, req.stamp)
+        self._finish(req.version, req.stamp if self._versionstamp is not None else None)
 
     def _finish(self, version: int, stamp: bytes | None) -> None:
         self._committed_version = version

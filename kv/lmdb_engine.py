@@ -109,9 +109,31 @@ class _LmdbSnapshot:
         out: list[tuple[bytes, bytes]] = []
         if begin >= end:
             return out
-        for kv in _iter(self._read.txn.cursor(), begin, end, reverse):
-            out.append(kv)
+        cur = self._read.txn.cursor()
+        if reverse:
+            for kv in _iter(cur, begin, end, True):
+                out.append(kv)
+                if limit and len(out) >= limit:
+                    break
+            return out
+        # Forward, the hot path (journal replay, transcript pages), inlined:
+        # raw LMDB keys compare like user keys under the shared prefix, and the
+        # engine's b"m" records sort after every b"k" key, so one comparison
+        # against b"k" + end stops the walk.
+        if not cur.set_range(_PREFIX + begin[:_BUCKET]):  # a bucket below begin may hold keys >= begin
+            return out
+        stop = _PREFIX + end
+        append = out.append
+        for raw, value in cur:
+            if raw >= stop:
+                break
+            if len(raw) <= _SHORT + 1:
+                append((raw[1:], value))
+            else:
+                for kv in _expand(raw[1:], value, begin, end, False):
+                    append(kv)
             if limit and len(out) >= limit:
+                del out[limit:]
                 break
         return out
 

@@ -45,6 +45,9 @@ _RANGE_PAGE = 1_000  # rows fetched from the snapshot per page when iterating
 _SET, _CLEAR, _ATOMIC, _UNREADABLE = 0, 1, 2, 3
 
 
+_new_tuple = tuple.__new__  # builds a KeyValue from a (key, value) pair without a Python-level __new__
+
+
 class KeyValue(tuple):
     """A (key, value) pair with ``.key`` / ``.value``, like fdb's KeyValue."""
 
@@ -490,7 +493,7 @@ class Transaction:
         writes = self._writes
         wkeys = self._write_keys_in(begin, end, reverse) if writes else []
         if not wkeys and not self._clears:
-            return [KeyValue(k, v) for k, v in snap.range(begin, end, reverse, limit)]
+            return [_new_tuple(KeyValue, row) for row in snap.range(begin, end, reverse, limit)]
         out: list[KeyValue] = []
         wi = 0
         lo, hi = begin, end

@@ -28,11 +28,15 @@ from werkzeug.exceptions import HTTPException
 from .api import ROUTES, Api, ApiRequest, ApiResponse, Route, error_response
 from .errors import ApiError
 from .limits import MAX_REQUEST_BYTES
+from .wire import DirectWriter, open_direct_writer
 
 log = logging.getLogger(__name__)
 
 __all__ = ["create_app", "create_asgi", "FastRoutes", "quart_path"]
 
+#: Live SSE frames are written to the socket by the hub where the connection allows it (server.wire).
+#: False keeps every frame on hypercorn's ASGI send path (for comparison; same bytes on the wire).
+DIRECT_SSE_WRITES = True
 #: Seconds allowed to receive a request body (Quart's default is 60 s; bodies here are <= 256 KiB).
 BODY_TIMEOUT_SECONDS = 30
 
@@ -273,11 +277,14 @@ async def _send_plain(send: Any, resp: ApiResponse) -> None:
 async def _send_stream(send: Any, receive: Any, resp: ApiResponse) -> None:
     """The SSE body: each chunk the stream yields (already encoded, already batched) is one send.
 
+    Where the connection allows it (hypercorn's HTTP/1.1 over plain TCP, see :mod:`server.wire`)
+    the stream also gets a direct writer, and live frames then bypass ``send`` altogether.
     A watcher ends the stream when the client goes away, so its hub subscription is released
     at once rather than at the next failed write.
     """
     assert resp.stream is not None
     body = resp.stream
+    writer: DirectWriter | None = None
 
     async def watch_disconnect(scope: trio.CancelScope) -> None:
         while True:
@@ -291,6 +298,11 @@ async def _send_stream(send: Any, receive: Any, resp: ApiResponse) -> None:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
             await send({"type": "http.response.start", "status": resp.status,
                         "headers": _raw_headers(resp, "text/event-stream; charset=utf-8")})
+            attach = getattr(body, "attach", None)
+            if attach is not None and DIRECT_SSE_WRITES:
+                writer = open_direct_writer(send)
+                if writer is not None:
+                    attach(writer)
             async for chunk in body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -300,6 +312,8 @@ async def _send_stream(send: Any, receive: Any, resp: ApiResponse) -> None:
         if aclose is not None:
             with trio.CancelScope(shield=True):
                 await aclose()  # the generator's finally unsubscribes from the hub
+        if writer is not None:
+            writer.close()
 
 
 def create_asgi(api: Api) -> FastRoutes:

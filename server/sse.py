@@ -40,11 +40,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
+from .wire import DirectWriter, chunk
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "encode_event", "encode_comment", "encode_named", "Hubs", "Hub", "Subscriber",
-    "HEARTBEAT_SECONDS", "SUBSCRIBER_QUEUE", "BEHIND_EVENT", "REPLAY_PAGE",
+    "HEARTBEAT_SECONDS", "SUBSCRIBER_QUEUE", "BEHIND_EVENT", "REPLAY_PAGE", "EventStream", "Frame", "stream",
 ]
 
 #: Seconds of silence after which a heartbeat comment is sent.
@@ -86,7 +88,31 @@ def encode_comment(text: str = "") -> bytes:
     return f": {text}\n\n".encode()
 
 
+class Frame:
+    """One encoded SSE frame as the hub broadcasts it: built once per event, shared by every subscriber.
+
+    ``position`` is the event's cursor (None for a heartbeat); ``data`` the SSE bytes; ``chunk``
+    the same bytes framed as one HTTP/1.1 chunk for the direct write path, also built once.
+    """
+
+    __slots__ = ("position", "data", "_chunk")
+
+    def __init__(self, position: str | None, data: bytes) -> None:
+        self.position = position
+        self.data = data
+        self._chunk: bytes | None = None
+
+    @property
+    def chunk(self) -> bytes:
+        if self._chunk is None:
+            self._chunk = chunk(self.data)
+        return self._chunk
+
+
 HEARTBEAT_FRAME = encode_comment("heartbeat")
+_HEARTBEAT = Frame(None, HEARTBEAT_FRAME)
+#: Queued to a subscriber whose direct write came up short: "flush your writer" (carries no frame).
+_FLUSH = Frame(None, b"")
 
 
 @dataclass(eq=False)
@@ -94,6 +120,12 @@ class Subscriber:
     send: trio.MemorySendChannel
     receive: trio.MemoryReceiveChannel
     overflowed: bool = False
+    #: Set by the subscriber's own stream while it is live, caught up and has nothing pending:
+    #: the hub then writes frames to the connection itself instead of queueing them.
+    direct: DirectWriter | None = None
+    #: The newest position sent to this subscriber (replayed, queued-and-written or written
+    #: directly): live frames at or before it are duplicates of the replay and are dropped.
+    last: str | None = None
 
 
 class Hub:
@@ -115,10 +147,12 @@ class Hub:
         self._empty_since: float | None = None
         self._cancel = trio.CancelScope()
         self.delivered = 0
+        #: Direct writes that came up short and handed the rest to the subscriber's task (a slow reader).
+        self.handoffs = 0
         self.done = False  # set (synchronously) when run() ends; a done hub takes no subscribers
 
     def subscribe(self) -> Subscriber:
-        send, receive = trio.open_memory_channel[bytes](SUBSCRIBER_QUEUE)
+        send, receive = trio.open_memory_channel[Frame](SUBSCRIBER_QUEUE)
         sub = Subscriber(send, receive)
         self.subscribers.add(sub)
         self._empty_since = None
@@ -126,6 +160,7 @@ class Hub:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+        sub.direct = None
         sub.send.close()
         if not self.subscribers:
             self._empty_since = trio.current_time()
@@ -142,7 +177,7 @@ class Hub:
                     tail = await self._tail()
                     self.started.set()
                     async for ev in self._follow(tail):
-                        self._broadcast((ev.cursor, encode_event(ev)))
+                        self._broadcast(Frame(ev.cursor, encode_event(ev)))
                         self._quiet = False
                         self.delivered += 1
         except Exception as e:  # noqa: BLE001 - a failed hub ends its streams; clients reconnect
@@ -152,12 +187,35 @@ class Hub:
             self.done = True
             self.started.set()
             for sub in list(self.subscribers):
+                sub.direct = None
                 sub.send.close()
             self.subscribers.clear()
             self._on_exit(self)
 
-    def _broadcast(self, item: tuple[str | None, bytes]) -> None:
+    def _broadcast(self, frame: Frame) -> None:
+        """Hand ``frame`` to every subscriber: written directly where its stream allows, else queued.
+
+        The direct branch is the hot loop of a large fan-out (one iteration per follower per
+        event): a duplicate check, one non-blocking send of the shared chunk, no task switch.
+        """
+        position = frame.position
         for sub in list(self.subscribers):
+            writer = sub.direct
+            if writer is not None:
+                if position is not None:
+                    last = sub.last
+                    if last is not None and position <= last:
+                        continue  # already replayed
+                    sub.last = position
+                if writer.try_write(frame.chunk):
+                    continue
+                # Written in part, or not at all: the rest is pending in the writer and the
+                # stream's task takes over (it flushes, then goes direct again once caught up).
+                sub.direct = None
+                self.handoffs += 1
+                item = _FLUSH
+            else:
+                item = frame
             try:
                 sub.send.send_nowait(item)
             except trio.WouldBlock:
@@ -171,7 +229,7 @@ class Hub:
         while True:
             await trio.sleep(self.heartbeat / 2)
             if self._quiet:
-                self._broadcast((None, HEARTBEAT_FRAME))
+                self._broadcast(_HEARTBEAT)
             self._quiet = True
 
     async def _linger_watch(self, scope: trio.CancelScope) -> None:
@@ -219,7 +277,128 @@ class Hubs:
             hub.close()
 
 
-async def stream(
+CLOSING_MESSAGE = {"message": "server shutting down; reconnect with Last-Event-ID"}
+
+
+class EventStream:
+    """The SSE body: replay after ``after`` from the journal, then live frames from the hub.
+
+    Async-iterate it for the bytes to send (any ASGI front; Quart). A front that can write the
+    connection directly (:func:`server.wire.open_direct_writer`) calls :meth:`attach` before
+    iterating: once the stream is live and caught up, the hub writes each frame to the socket
+    itself and the iterator only wakes to flush a write that came up short, or to end.
+
+    ``read_page(after, limit)`` returns a journal page (events, next_cursor, first_retained,
+    behind, more). Heartbeats come from the hub.
+    """
+
+    def __init__(self, hubs: Hubs, owner: str, conversation: str, after: str | None,
+                 read_page: Callable[[str | None, int], Awaitable[Any]]) -> None:
+        self._hubs = hubs
+        self._owner = owner
+        self._conversation = conversation
+        self._after = after
+        self._read_page = read_page
+        self._writer: DirectWriter | None = None
+        self._gen = self._frames()
+
+    def attach(self, writer: DirectWriter) -> None:
+        """Let live frames go straight to ``writer`` (call before iterating; the caller closes it)."""
+        self._writer = writer
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._gen
+
+    async def aclose(self) -> None:
+        await self._gen.aclose()
+
+    async def _frames(self) -> AsyncIterator[bytes]:
+        hubs = self._hubs
+        after = self._after
+        hub, sub = hubs.subscribe(self._owner, self._conversation)
+        try:
+            yield encode_comment("surefoot events")  # opens the stream at once (headers flushed)
+            with trio.move_on_after(30):
+                await hub.started.wait()
+            if not hub.started.is_set() or hub.failed is not None:
+                return
+            sub.last = after
+            cursor = after
+            first_page = True
+            while True:
+                page = await self._read_page(cursor, REPLAY_PAGE)
+                if first_page and page.behind:
+                    yield encode_named(BEHIND_EVENT, {
+                        "after": after, "first_retained": page.first_retained,
+                        "message": "the cursor fell behind retention; events before first_retained are gone, "
+                                   "the stream continues from first_retained",
+                    })
+                first_page = False
+                if page.events:
+                    yield b"".join(encode_event(ev) for ev in page.events)  # one write per page
+                    sub.last = page.events[-1].cursor
+                cursor = page.next_cursor
+                if not page.more:
+                    break
+            writer = self._writer
+            receive = sub.receive
+            while True:
+                if hubs.closing:
+                    break
+                if writer is not None and sub.direct is None and not writer.pending \
+                        and receive.statistics().current_buffer_used == 0:
+                    sub.direct = writer  # caught up: the hub writes from here on
+                try:
+                    first = await receive.receive()  # no timeout of its own: the hub sends heartbeats
+                except trio.EndOfChannel:
+                    break
+                # Drain whatever else is already queued and send it as one chunk: under load the
+                # per-write cost is paid once per batch, not per event.
+                batch: list[bytes] = []
+                item: Frame | None = first
+                ended = False
+                while item is not None:
+                    position = item.position
+                    if position is None:  # a heartbeat (or a flush request: no data)
+                        if item.data:
+                            batch.append(item.data)
+                    elif sub.last is None or position > sub.last:  # else: already replayed
+                        sub.last = position
+                        batch.append(item.data)
+                    if len(batch) >= MAX_BATCH_FRAMES:
+                        break
+                    try:
+                        item = receive.receive_nowait()
+                    except trio.WouldBlock:
+                        item = None
+                    except trio.EndOfChannel:
+                        item, ended = None, True
+                if writer is None:
+                    if batch:
+                        yield b"".join(batch)
+                else:
+                    sub.direct = None
+                    try:
+                        await writer.write(chunk(b"".join(batch)) if batch else b"")
+                    except trio.BrokenResourceError:
+                        return  # the client is gone
+                if ended:
+                    break
+            # Ending: nothing may still be written directly, and anything pending goes first.
+            sub.direct = None
+            if writer is not None:
+                try:
+                    await writer.flush()
+                except trio.BrokenResourceError:
+                    return
+            if hubs.closing:
+                yield encode_named(CLOSING_EVENT, CLOSING_MESSAGE)
+        finally:
+            sub.direct = None
+            hub.unsubscribe(sub)
+
+
+def stream(
     hubs: Hubs,
     owner: str,
     conversation: str,
@@ -227,74 +406,7 @@ async def stream(
     read_page: Callable[[str | None, int], Awaitable[Any]],
     *,
     heartbeat: float = HEARTBEAT_SECONDS,
-) -> AsyncIterator[bytes]:
-    """The SSE body: replay after ``after`` from the journal, then live frames from the hub.
-
-    ``read_page(after, limit)`` returns a journal page (events, next_cursor,
-    first_retained, behind, more). Heartbeats come from the hub, at the
-    period given to :class:`Hubs`; ``heartbeat`` is accepted for existing callers and unused.
-    """
-    hub, sub = hubs.subscribe(owner, conversation)
-    try:
-        yield encode_comment("surefoot events")  # opens the stream at once (headers flushed)
-        with trio.move_on_after(30):
-            await hub.started.wait()
-        if not hub.started.is_set() or hub.failed is not None:
-            return
-        last = after
-        cursor = after
-        first_page = True
-        while True:
-            page = await read_page(cursor, REPLAY_PAGE)
-            if first_page and page.behind:
-                yield encode_named(BEHIND_EVENT, {
-                    "after": after, "first_retained": page.first_retained,
-                    "message": "the cursor fell behind retention; events before first_retained are gone, "
-                               "the stream continues from first_retained",
-                })
-            first_page = False
-            if page.events:
-                yield b"".join(encode_event(ev) for ev in page.events)  # one write per page
-                last = page.events[-1].cursor
-            cursor = page.next_cursor
-            if not page.more:
-                break
-        while True:
-            if hubs.closing:
-                yield encode_named(CLOSING_EVENT, {"message": "server shutting down; reconnect with Last-Event-ID"})
-                return
-            try:
-                first = await sub.receive.receive()  # no timeout of its own: the hub sends heartbeats
-            except trio.EndOfChannel:
-                if hubs.closing:
-                    yield encode_named(CLOSING_EVENT,
-                                       {"message": "server shutting down; reconnect with Last-Event-ID"})
-                return
-            # Drain whatever else is already queued and send it as one chunk: under load the
-            # per-write cost (ASGI message, chunk framing, syscall) is paid once per batch, not per event.
-            batch: list[bytes] = []
-            item: tuple[str | None, bytes] | None = first
-            ended = False
-            while item is not None:
-                position, frame = item
-                if position is None:  # a heartbeat
-                    batch.append(frame)
-                elif last is None or position > last:  # else: already replayed
-                    last = position
-                    batch.append(frame)
-                if len(batch) >= MAX_BATCH_FRAMES:
-                    break
-                try:
-                    item = sub.receive.receive_nowait()
-                except trio.WouldBlock:
-                    item = None
-                except trio.EndOfChannel:
-                    item, ended = None, True
-            if batch:
-                yield b"".join(batch)
-            if ended:
-                if hubs.closing:
-                    yield encode_named(CLOSING_EVENT, {"message": "server shutting down; reconnect with Last-Event-ID"})
-                return
-    finally:
-        hub.unsubscribe(sub)
+) -> EventStream:
+    """The SSE body (:class:`EventStream`). ``heartbeat`` is accepted for existing callers and
+    unused: heartbeats come from the hub, at the period given to :class:`Hubs`."""
+    return EventStream(hubs, owner, conversation, after, read_page)

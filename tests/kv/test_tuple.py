@@ -215,3 +215,36 @@ def test_subspace_with_uuid_and_versionstamp_prefix():
     sub = Subspace((u, vs))
     assert sub.unpack(sub.pack(("k",))) == ("k",)
     assert fdbt.unpack(sub.key()) == (u, vs)
+
+
+# The fast path (None/bytes/str/int only) must give fdb.tuple's bytes exactly,
+# including at every integer length boundary and around the 8-byte limit.
+_boundary_ints = st.sampled_from(
+    [0, 1, -1, 2**64 - 2, 2**64 - 1, 2**64, -(2**64 - 2), -(2**64 - 1), -(2**64)]
+    + [s * ((1 << (8 * n)) + d) for n in range(1, 9) for d in (-1, 0, 1) for s in (1, -1)]
+)
+_simple = st.one_of(
+    st.none(),
+    st.binary(max_size=12),
+    st.text(max_size=12),  # includes NUL and non-ASCII
+    st.integers(-(2**66), 2**66),
+    _boundary_ints,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(t=st.lists(_simple, max_size=6).map(tuple), prefix=st.binary(max_size=5))
+def test_fast_pack_of_simple_tuples_equals_fdb(t, prefix):
+    ours = kt.pack(t, prefix=prefix)
+    assert ours == fdbt.pack(t, prefix=prefix)
+    assert kt.unpack(ours, prefix_len=len(prefix)) == t
+    assert Subspace(raw_prefix=prefix).pack(t) == ours
+
+
+def test_fast_pack_leaves_bool_and_subclasses_to_the_general_encoder():
+    class Tag(str):
+        pass
+
+    for t in [(True,), (False, 1), (Tag("x"), 2), ("a", True)]:
+        assert kt.pack(t) == fdbt.pack(t)
+    assert kt.pack((True,)) != kt.pack((1,))  # bools are not ints in the tuple layer

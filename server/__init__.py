@@ -13,6 +13,9 @@ Layers, one module per concern:
 * :mod:`server.sse` — SSE framing and :class:`~server.sse.Hubs`: one journal follower per
   conversation shared by every subscriber, frames encoded once, replay-then-live with no gap
   and no duplicate.
+* :mod:`server.wire` — the direct SSE write path: on hypercorn's HTTP/1.1 over plain TCP the
+  hub writes each live frame (one pre-framed chunk, shared) to every caught-up follower's
+  socket itself, with no task switch and no ASGI send per follower; anything else keeps ASGI.
 * :mod:`server.auth` — fail-closed identity: a client token, verified JWTs, stream tokens.
 * :mod:`server.errors` — ``{"error": {"code", "message"}}`` with stable codes.
 * :mod:`server.openapi` — the OpenAPI 3.1 document, generated from the route table.

@@ -16,12 +16,16 @@ at the read version.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from typing import Iterable
 
 from sortedcontainers import SortedList
 
-__all__ = ["Resolver", "key_after", "is_point"]
+__all__ = ["Resolver", "key_after", "is_point", "FORGET_BUDGET_KEYS"]
+
+# Point keys forgotten per commit batch at most (see Resolver.forget_before).
+FORGET_BUDGET_KEYS = 2_000
 
 
 def key_after(key: bytes) -> bytes:
@@ -93,17 +97,37 @@ class Resolver:
         if written:
             self._history.append((version, written))
 
-    def forget_before(self, oldest_version: int) -> None:
-        """Drop writes at versions < ``oldest_version`` (outside the MVCC window)."""
+    def forget_before(self, oldest_version: int, budget: int = FORGET_BUDGET_KEYS) -> None:
+        """Drop writes at versions < ``oldest_version`` (outside the MVCC window).
+
+        At most ``budget`` point keys per call:
+        after a burst (a bulk load writing 20,000 keys), forgetting it all at
+        once would stall one commit for tens of ms on the event loop. What is
+        left waits for the next calls, and keeping it meanwhile is harmless:
+        every read version checked is at or above ``oldest_version`` (older
+        ones are ``transaction_too_old`` first), so an older write can never
+        be newer than one.
+        """
         points = self._points
-        while self._history and self._history[0][0] < oldest_version:
-            version, keys = self._history.popleft()
+        history = self._history
+        dropped = 0
+        while history and history[0][0] < oldest_version and dropped < budget:
+            version, keys = history[0]
+            take = budget - dropped
+            if len(keys) <= take:
+                history.popleft()
+            else:  # a huge commit: forget part of it now, the rest later
+                keys, history[0] = keys[:take], (version, keys[take:])
             for k in keys:
                 if points.get(k) == version:
                     del points[k]
                     self._point_keys.discard(k)
-        if self._ranges and self._ranges[0][0] < oldest_version:
-            self._ranges = [r for r in self._ranges if r[0] >= oldest_version]
+            dropped += len(keys)
+        ranges = self._ranges
+        if ranges and ranges[0][0] < oldest_version:
+            # ascending versions: everything before the first young one goes
+            cut = bisect.bisect_left(ranges, (oldest_version,))
+            del ranges[:cut]
 
     def __len__(self) -> int:
         return len(self._points) + len(self._ranges)

@@ -42,7 +42,6 @@ import logging
 import random
 import struct
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, Mapping
 
@@ -50,7 +49,7 @@ import trio
 
 import kv
 from sessions import events as ev
-from sessions.codec import canonical_hash, dumps, fastpack, loads, pack_i64, read_chunks, write_chunks
+from sessions.codec import canonical_hash, dumps, fastpack, id_source, loads, pack_i64, read_chunks, write_chunks
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
 from sessions.owners import OwnerLike, as_tag
 
@@ -219,14 +218,14 @@ class Ledger:
         *,
         journal: Journal | None = None,
         clock: Callable[[], float] = time.time,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_id: Callable[[], str] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.db = db
         self.keys = LedgerKeyspace(root)
         self.journal = journal if journal is not None else Journal(db, root, clock=clock)
         self.clock = clock
-        self.new_id = new_id
+        self.new_id = new_id or id_source()  # run ids, claim nonces (no syscall per id)
         self.rng = rng or random.Random()
         self._claiming: set[bytes] = set()  # index keys claims of this process are trying
         from .usage import UsageBook
@@ -375,6 +374,7 @@ class Ledger:
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
             limits=limits, max_attempts=max_attempts))
+        self.journal.note_committed(owner, conversation)  # it journaled run.queued
         return await pending.result()
 
     async def submit_and_claim(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
@@ -407,6 +407,7 @@ class Ledger:
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
             limits=limits, max_attempts=max_attempts, claim=claim))
+        self.journal.note_committed(owner, conversation)  # it journaled run.queued
         return await pending.result(), pending.lease
 
     async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:
@@ -552,12 +553,15 @@ class Ledger:
         return Lease(run["id"], rec["token"], run["attempt"], run["max_attempts"], rec["worker"],
                      rec["expires_at"], run["owner"], run["conversation"], run["submission_id"])
 
-    async def check_lease(self, tr: Any, lease: Lease) -> None:
+    async def check_lease(self, tr: Any, lease: Lease) -> dict[str, Any]:
         """Raise :class:`LeaseLost` unless ``lease`` still holds its run, *as of this
-        transaction*: the read makes a concurrent takeover abort this transaction."""
+        transaction*: the read makes a concurrent takeover abort this transaction.
+        Returns the lease record read."""
         raw = await tr.get(self.keys.lease(lease.run_id))
-        if raw is None or loads(raw)["token"] != lease.token:
+        rec = loads(raw) if raw is not None else None
+        if rec is None or rec["token"] != lease.token:
             raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
+        return rec
 
     async def renew(self, lease: Lease, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Lease:
         """Extend the lease; raises :class:`LeaseLost` if it is gone. Guarded by the token
@@ -634,8 +638,9 @@ class Ledger:
             if run.get("settled_token") == lease.token:
                 return await self._outcome(tr, run["id"]) or out
             raise LeaseLost(f"run {lease.run_id!r} was settled by someone else")
-        await self.check_lease(tr, lease)
-        await self._finish_tr(tr, run, out, token=lease.token)
+        rec = await self.check_lease(tr, lease)
+        # the lease record the check read is the one _finish_tr clears (not read twice)
+        await self._finish_tr(tr, run, out, token=lease.token, lease_rec=_SKIP if rec is None else rec)
         return out
 
     async def settle(self, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
@@ -646,12 +651,15 @@ class Ledger:
         return loads(body) if body is not None else None
 
     async def _finish_tr(self, tr: Any, run: dict[str, Any], outcome: dict[str, Any], *,
-                         token: int | None = None) -> None:
-        """Settle ``run`` (not yet settled) in ``tr`` and advance its conversation's FIFO."""
+                         token: int | None = None, lease_rec: Any = _SKIP) -> None:
+        """Settle ``run`` (not yet settled) in ``tr`` and advance its conversation's FIFO.
+        ``lease_rec``: the run's lease record as already read in ``tr`` (None: none)."""
         run_id, tag, conv = run["id"], run["owner"], run["conversation"]
-        raw = await tr.get(self.keys.lease(run_id))
-        if raw is not None:
-            tr.clear(self.keys.expiry(loads(raw)["expires_us"], run_id))
+        if lease_rec is _SKIP:
+            raw = await tr.get(self.keys.lease(run_id))
+            lease_rec = loads(raw) if raw is not None else None
+        if lease_rec is not None:
+            tr.clear(self.keys.expiry(lease_rec["expires_us"], run_id))
             tr.clear(self.keys.lease(run_id))
         if run.get("rd") is not None:
             tr.clear(self.keys.ready(run["rd"], run_id))
@@ -662,7 +670,8 @@ class Ledger:
         run["settled_token"] = token
         run["error"] = outcome.get("error")
         self._put_run(tr, run)
-        write_chunks(tr, self.keys.outcome(run_id), dumps(outcome))
+        encoded = dumps(outcome)
+        write_chunks(tr, self.keys.outcome(run_id), encoded)
         cs_key = self.keys.conversation_state(tag, conv)
         cs = loads(await tr.get(cs_key))
         if cs["active"] == run_id:
@@ -680,8 +689,9 @@ class Ledger:
         data: dict[str, Any] = {"run_id": run_id, "status": status, "error": outcome.get("error")}
         result = outcome.get("result")
         if result is not None:
-            enc = dumps(result)
-            if len(enc) <= MAX_EVENT_RESULT_BYTES:
+            # The result is part of the outcome just encoded: when that fits, so does the result
+            # (no second encoding of it in the common case).
+            if len(encoded) <= MAX_EVENT_RESULT_BYTES or len(dumps(result)) <= MAX_EVENT_RESULT_BYTES:
                 data["result"] = result
             else:
                 data["result_truncated"] = True

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kv
-from sessions.codec import dumps, loads
+from sessions.codec import dumps, fastpack, loads
 
 __all__ = ["LoopKeyspace", "LoopState", "CALL_STARTED", "CALL_APPROVAL", "CALL_APPROVED", "CALL_DENIED", "CALL_DONE"]
 
@@ -46,17 +46,20 @@ CALL_DONE = "done"
 
 
 class LoopKeyspace:
-    __slots__ = ("root", "base")
+    __slots__ = ("root", "base", "_b")
 
     def __init__(self, root: "kv.Subspace | None" = None) -> None:
         self.root = root if root is not None else kv.Subspace((b"surefoot",))
         self.base = self.root["lp"]
+        self._b = self.base.key()
 
+    # Built by sessions.codec.fastpack (the tuple encoding, several times cheaper than
+    # Subspace.pack): every runner commit reads and writes the state key.
     def state(self, run_id: str) -> bytes:
-        return self.base.pack(("r", run_id))
+        return fastpack(self._b, ("r", run_id))
 
     def parked(self, run_id: str) -> bytes:
-        return self.base.pack(("p", run_id))
+        return fastpack(self._b, ("p", run_id))
 
     def parked_range(self) -> tuple[bytes, bytes]:
         r = self.base.range(("p",))

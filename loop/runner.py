@@ -29,10 +29,8 @@ an attempt that finds ``started`` without a result finalises the call as
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
@@ -77,15 +75,6 @@ MAX_EVENT_TEXT = 8_000
 
 assert MAX_EVENT_TEXT < 80_000
 
-# Write-guard tokens (LoopState.tok) need only be unique per run's writer: a
-# random prefix drawn once per Runner plus a counter is as good as fresh random
-# bytes per commit and cheaper (os.urandom is a syscall; the simulator patches
-# it per run, so drawing the prefix from it keeps its runs byte-identical).
-
-
-def _token_source() -> Callable[[], bytes]:
-    prefix, seq = os.urandom(8), itertools.count()
-    return lambda: prefix + next(seq).to_bytes(8, "big")
 
 
 class RunStopped(Exception):
@@ -149,11 +138,15 @@ class Runner:
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
         self._txn_cancel = False  # the cancel record as read by the current commit attempt
-        self._new_token = _token_source()
+        self._new_token = rt.store.new_token
+        self._state_key = rt.store.loop_keys.state(self.run_id)  # read and written by every commit
         self._txn_settled: dict[str, Any] | None = None  # the outcome the current commit attempt settles
         # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
         # from it instead of reading and watching the outcome); None: not settled by this runner.
         self.settled: dict[str, Any] | None = None
+        # A run exists only once its submission committed, and that journaled run.queued to its
+        # conversation: the conversation's journal record exists, emits needn't look for it.
+        rt.store.journal.note_committed(self.owner, self.conv)
 
     # ------------------------------------------------------------------ entry
 
@@ -262,7 +255,7 @@ class Runner:
             async def fn(tr: Any) -> LoopState:
                 self._txn_settled = None
                 await store.check_lease(tr, self.claim)
-                raw = await tr.get(store.loop_keys.state(self.run_id))
+                raw = await tr.get(self._state_key)
                 st = LoopState.from_bytes(raw) if raw is not None else None
                 if st is None or st.ver != expected_ver:
                     if st is not None and st.ver == expected_ver + 1 and st.tok == token:
@@ -279,10 +272,10 @@ class Runner:
                     mutate(st)
                 st.ver += 1
                 st.tok = token
-                tr.set(store.loop_keys.state(self.run_id), st.to_bytes())
+                tr.set(self._state_key, st.to_bytes())
                 evs = events(first_seq) if callable(events) else events
-                for typ, data in evs:
-                    await store.journal.emit(tr, self.owner, self.conv, typ, data)
+                if evs:
+                    await store.journal.emit_many_tr(tr, self.owner, self.conv, evs)
                 if extra is not None:
                     await extra(tr, st)
                 return st
@@ -349,13 +342,12 @@ class Runner:
         first_seq = len(messages)
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
-        state.ver, state.tok = 1, os.urandom(8)  # once per run (see _token_source)
+        state.ver, state.tok = 1, store.new_token()
         if not exists:  # (a session read just now in this transaction needs no create-if-missing)
             await store.ensure_session(tr, owner, conv)
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
-        for typ, data in _message_events(run_id, first_seq, appended):
-            await store.journal.emit(tr, owner, conv, typ, data)
+        await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended))
         messages.extend(appended)
         return _Prepared(state, messages, cancel)
 
@@ -391,7 +383,7 @@ class Runner:
 
         async def fn(tr: Any) -> LoopState:
             await store.check_lease(tr, self.claim)
-            raw = await tr.get(store.loop_keys.state(self.run_id))
+            raw = await tr.get(self._state_key)
             if raw is not None:
                 st = LoopState.from_bytes(raw)
                 if st.tok == token:
@@ -399,7 +391,7 @@ class Runner:
                 raise RunStopped("loop state appeared concurrently")
             await store.ensure_session(tr, self.owner, self.conv)
             await store.transcripts.append_tr(tr, self.owner, self.conv, appended, expected_head=first_seq)
-            tr.set(store.loop_keys.state(self.run_id), state.to_bytes())
+            tr.set(self._state_key, state.to_bytes())
             for typ, data in self._message_events(first_seq, appended):
                 await store.journal.emit(tr, self.owner, self.conv, typ, data)
             return state

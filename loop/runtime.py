@@ -270,7 +270,7 @@ class Runtime:
         ack = await self.store.submit(
             owner or self.owner,
             conversation,
-            submission_id or uuid.uuid4().hex,
+            submission_id or self.store.new_id(),
             self._delivery(agent, message, limits),
             dict(result_schema) if result_schema else None,
             policy=policy,
@@ -319,7 +319,7 @@ class Runtime:
                                     result_schema=result_schema, owner=owner, limits=limits)
             return await self.wait(ack, owner=owner)
         ack, claim = await self.store.submit_and_claim(
-            tag, conversation, submission_id or uuid.uuid4().hex, self._delivery(agent, message, limits),
+            tag, conversation, submission_id or self.store.new_id(), self._delivery(agent, message, limits),
             dict(result_schema) if result_schema else None, worker=f"{self.worker_prefix}-run",
             prepare=self._prepare, limits=limits,
         )

@@ -9,7 +9,9 @@ guarded.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
@@ -18,7 +20,7 @@ import trio
 import kv
 import ledger as L
 from sessions import events as E
-from sessions.codec import dumps, loads
+from sessions.codec import dumps, id_source, loads
 from sessions.errors import NotFound as SessionNotFound
 from sessions.journal import Journal
 from sessions.owners import LOCAL_OWNER, as_tag
@@ -39,6 +41,15 @@ __all__ = ["Store", "Claim", "DEFAULT_LEASE_SECONDS", "ApprovalError"]
 DEFAULT_LEASE_SECONDS = 10.0
 
 assert DEFAULT_LEASE_SECONDS > 0
+
+
+def token_source() -> Callable[[], bytes]:
+    """Write-guard tokens (LoopState.tok) need only be unique per run's writer: a random
+    prefix drawn once per runtime plus a counter is as good as fresh random bytes per
+    commit and cheaper (os.urandom is a syscall; the simulator patches it per run, so
+    drawing the prefix from it keeps its runs byte-identical)."""
+    prefix, seq = os.urandom(8), itertools.count()
+    return lambda: prefix + next(seq).to_bytes(8, "big")
 
 
 class ApprovalError(Exception):
@@ -100,6 +111,10 @@ class Store:
         self.loop_keys = LoopKeyspace(self.root)
         self.ledger = L.Ledger(db, self.root, journal=self.journal, clock=clock.now)
         self.default_owner = as_tag(LOCAL_OWNER)
+        # Write-guard tokens of every runner of this runtime (unique per process: see token_source).
+        self.new_token: Callable[[], bytes] = token_source()
+        # Ids this runtime makes up (submission ids of callers that give none).
+        self.new_id: Callable[[], str] = id_source()
 
     async def start(self, nursery: trio.Nursery) -> None:
         await nursery.start(self.journal.run_trimmer)

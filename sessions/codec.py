@@ -11,8 +11,10 @@ readers concatenate the range in key order.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import cbor2
 
@@ -20,7 +22,7 @@ import kv
 
 __all__ = [
     "fastpack", "dumps", "loads", "canonical_hash", "pack_i64", "unpack_i64",
-    "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size",
+    "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
 ]
 
 #: Bytes per chunk: under the 100,000-byte value limit with room for nothing else.
@@ -84,6 +86,19 @@ async def read_chunks(tr: Any, sub: "kv.Subspace") -> bytes | None:
     if not rows:
         return None
     return b"".join(row.value for row in rows)
+
+
+def id_source() -> Callable[[], str]:
+    """A source of unique ids (hex, 32 characters like ``uuid.uuid4().hex`` for the first 2**32
+    of a source, longer after): 12 random bytes
+    drawn once from ``os.urandom`` plus a counter, instead of a syscall per id.
+
+    Unique within the source by the counter and across sources (processes, restarts) by the
+    96-bit random prefix. The ids are not secrets (nothing here treats an id as a
+    capability: owners are checked on every read). Drawing the prefix from ``os.urandom``
+    keeps simulated runs, which patch it, byte-identical."""
+    prefix, seq = os.urandom(12).hex(), itertools.count()
+    return lambda: prefix + format(next(seq), "08x")
 
 
 def _enc(part: Any) -> bytes:

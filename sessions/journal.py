@@ -44,7 +44,7 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Literal, NamedTuple
+from typing import Any, AsyncIterator, Callable, Literal, NamedTuple, Sequence
 
 import trio
 
@@ -78,6 +78,8 @@ MAX_EVENTS_PER_TRANSACTION = 65_535
 TRIM_BATCH = 5_000
 #: Conversations whose small growth the trimmer remembers between sweeps.
 MAX_TRACKED_CONVERSATIONS = 100_000
+#: Conversations known to exist (see :meth:`Journal.note_committed`) kept in memory.
+MAX_KNOWN_CONVERSATIONS = 100_000
 #: Conversation ids are key parts.
 MAX_CONVERSATION_ID = 512
 #: Cursor = 12 bytes, hex.
@@ -221,6 +223,9 @@ class Journal:
         # Trim once the excess passes the slack, so trimming is amortised
         # over many appends instead of costing a transaction per append.
         self.trim_slack = trim_slack if trim_slack is not None else max(1, min(1_000, retention // 10 or 1))
+        # Conversations whose record a caller saw commit (note_committed): records are never
+        # deleted, so emits to them skip the create-if-missing read. Bounded; forgetting is safe.
+        self._known: set[tuple[str, str]] = set()
         self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
         self._grown_event = trio.Event()
         self._recent: set[tuple[str, str]] = set()    # trimmed since the last sweep
@@ -235,25 +240,50 @@ class Journal:
         Not idempotent by itself: the caller's transaction must be guarded (a
         lease check, a head check, a marker) so a 1021 retry does not emit twice.
         """
+        return (await self.emit_many_tr(tr, owner, conversation, ((type, data),), eid=eid))[0]
+
+    async def emit_many_tr(self, tr: Any, owner: OwnerLike, conversation: str,
+                           items: "Sequence[tuple[str, Any]]", *, eid: str | None = None) -> list[EventRef]:
+        """:meth:`emit` for each ``(type, data)`` of ``items``, in order, in ``tr``: the same
+        keys and values as that many emits, with the conversation checked and its emitted
+        count bumped once for all of them. Not idempotent by itself (see :meth:`emit`)."""
         tag = as_tag(owner)
         check_conversation_id(conversation)
-        if type not in ev.EVENT_TYPES:
-            raise ValueError(f"unknown journal event type {type!r}; see sessions.events")
-        # The value is a CBOR array [type, data, ts, eid]: cheaper to decode than a map on replay.
-        value = dumps([type, data, self.clock(), eid])
-        if len(value) > MAX_EVENT_BYTES:
-            raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
-                           "in the transcript or an attachment and reference it")
-        await self._ensure_conversation(tr, tag, conversation)
-        order = _next_order(tr)
-        prefix = self.keys.events(tag, conversation).raw_prefix
-        tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
-        tr.add(self.keys.emitted(tag, conversation), pack_i64(1))
+        if not items:
+            return []
+        now = self.clock()
+        values = []
+        for type, data in items:
+            if type not in ev.EVENT_TYPES:
+                raise ValueError(f"unknown journal event type {type!r}; see sessions.events")
+            # The value is a CBOR array [type, data, ts, eid]: cheaper to decode than a map on replay.
+            value = dumps([type, data, now, eid])
+            if len(value) > MAX_EVENT_BYTES:
+                raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
+                               "in the transcript or an attachment and reference it")
+            values.append(value)
         ck = (tag, conversation)
-        self._grown[ck] = self._grown.get(ck, 0) + 1
-        if self.retention and self._grown[ck] >= self.trim_slack:
+        if ck not in self._known:
+            await self._ensure_conversation(tr, tag, conversation)
+        prefix = self.keys.events(tag, conversation).raw_prefix
+        stamp = tr.get_versionstamp()
+        refs = []
+        for (type, _), value in zip(items, values):
+            order = _next_order(tr)
+            tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
+            refs.append(EventRef(stamp, order, type))
+        tr.add(self.keys.emitted(tag, conversation), pack_i64(len(values)))
+        self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
+        if self.retention and n >= self.trim_slack:
             self._grown_event.set()
-        return EventRef(tr.get_versionstamp(), order, type)
+        return refs
+
+    def note_committed(self, owner: OwnerLike, conversation: str) -> None:
+        """Tell the journal a transaction that emitted to ``conversation`` committed: its
+        record exists for good, so later emits skip the create-if-missing read."""
+        if len(self._known) >= MAX_KNOWN_CONVERSATIONS:
+            self._known.clear()
+        self._known.add((as_tag(owner), conversation))
 
     async def _ensure_conversation(self, tr: Any, tag: str, conversation: str) -> None:
         # Snapshot read: creating the record must not make concurrent first

@@ -432,3 +432,13 @@ def test_sse_parser():
     lines = [": keep-alive", "event: message_start", 'data: {"a":', "data: 1}", "", "data: x", "id: 7", "", "event: ping", "data:{}"]
     evs = list(SSEParser().parse_all(lines))
     assert [(e.event, e.data, e.id) for e in evs] == [("message_start", '{"a":\n1}', None), ("message", "x", "7"), ("ping", "{}", "7")]  # the last id persists (WHATWG)
+
+
+def test_loop_keys_are_the_tuple_encoding():
+    import kv as _kv
+    from loop.keyspace import LoopKeyspace
+
+    k = LoopKeyspace(_kv.Subspace((b"root",)))
+    for run_id in ("abc", "x\x00y", "é" * 40):
+        assert k.state(run_id) == k.base.pack(("r", run_id))
+        assert k.parked(run_id) == k.base.pack(("p", run_id))

@@ -16,3 +16,12 @@ parts = st.one_of(st.text(), st.binary(), st.integers(min_value=-(1 << 70), max_
 @given(prefix=st.binary(max_size=8), t=st.lists(parts, max_size=5))
 def test_fastpack_matches_kv_tuple(prefix, t):
     assert fastpack(prefix, tuple(t)) == kv.Subspace(raw_prefix=prefix).pack(tuple(t))
+
+
+def test_id_source_ids_are_unique_within_and_across_sources():
+    from sessions.codec import id_source
+
+    a, b = id_source(), id_source()
+    ids = [a() for _ in range(10_000)] + [b() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)

@@ -262,3 +262,52 @@ async def test_follow_on_behind_continue_resumes_from_first_retained(db):
         if len(got) == 5:
             break
     assert got == list(range(7, 12))
+
+
+async def test_emit_many_tr_is_that_many_emits_in_order_with_one_count_bump(db):
+    from sessions.codec import unpack_i64
+
+    j = Sessions(db).journal
+    items = [(events.MESSAGE_ADDED, {"i": 0}), (events.USAGE_UPDATED, {"i": 1}), (events.TOOL_STARTED, {"i": 2})]
+
+    async def fn(tr):  # fresh conversation, a test without retries
+        first = await j.emit(tr, OWNER, "c", events.RUN_STARTED, {"i": -1})
+        return [first] + await j.emit_many_tr(tr, OWNER, "c", items)
+
+    refs = await db.transact(fn)
+    assert [r.order for r in refs] == [0, 1, 2, 3]
+    page = await j.read(OWNER, "c")
+    assert [(e.type, e.data["i"]) for e in page.events] == [(events.RUN_STARTED, -1)] + [(t, d["i"]) for t, d in items]
+    assert [e.cursor for e in page.events] == [await r.cursor() for r in refs]
+    emitted = await db.transact(lambda tr: tr.get(j.keys.emitted(OWNER.tag, "c")))
+    assert unpack_i64(emitted) == 4
+    assert await db.transact(lambda tr: j.emit_many_tr(tr, OWNER, "c", [])) == []
+    with pytest.raises(ValueError):  # validated before anything is written
+        await db.transact(lambda tr: j.emit_many_tr(tr, OWNER, "c2", [(events.RUN_STARTED, {}), ("made.up", {})]))
+    with pytest.raises(NotFound):
+        await j.read(OWNER, "c2")
+
+
+async def test_a_conversation_noted_committed_is_not_looked_up_again_by_emits(db):
+    j = Sessions(db).journal
+    await j.emit_one(OWNER, "c", events.RUN_QUEUED, {})
+    key = j.keys.conversation(OWNER.tag, "c")
+    reads = []
+
+    async def fn(tr):  # a test without retries
+        real = tr.snapshot.get
+
+        async def spy(k):
+            reads.append(k)
+            return await real(k)
+
+        tr.snapshot.get = spy
+        await j.emit(tr, OWNER, "c", events.RUN_STARTED, {})
+
+    await db.transact(fn)
+    assert reads == [key]  # not known yet: create-if-missing reads the record
+    j.note_committed(OWNER, "c")
+    reads.clear()
+    await db.transact(fn)
+    assert reads == []
+    assert [e.type for e in (await j.read(OWNER, "c")).events] == [events.RUN_QUEUED, events.RUN_STARTED, events.RUN_STARTED]

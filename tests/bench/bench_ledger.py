@@ -94,6 +94,20 @@ async def kv_commit_p50(db, n: int) -> float:
     return statistics.median(out)
 
 
+def engine_stats(db) -> dict[str, float]:
+    eng = db.engine
+    return {"commits": eng.stats["commits"], "fsyncs": eng.store.stats["fsyncs"],
+            "bytes": eng.store.stats["bytes_written"], "cpu": time.process_time()}
+
+
+def per_op(before: dict[str, float], after: dict[str, float], n: int, prefix: str) -> dict[str, float]:
+    """Commits, fsyncs, bytes written and process CPU (ms) per operation between two engine_stats."""
+    return {f"{prefix}_commits_per": round((after["commits"] - before["commits"]) / n, 3),
+            f"{prefix}_fsyncs_per": round((after["fsyncs"] - before["fsyncs"]) / n, 3),
+            f"{prefix}_bytes_per": round((after["bytes"] - before["bytes"]) / n),
+            f"{prefix}_cpu_ms_per": round((after["cpu"] - before["cpu"]) / n * 1e3, 3)}
+
+
 async def bench_submit(L: Ledger, submitters: int, per_submitter: int, tag: str) -> tuple[float, list[float]]:
     lat: list[float] = []
     delivery = {"role": "user", "content": [{"type": "text", "text": "hello " * 20}]}
@@ -210,8 +224,14 @@ async def main(quick: bool) -> dict:
         s = Sessions(db, retention=0)
         L = Ledger(db, journal=s.journal)
         floor = await kv_commit_p50(db, 100 if quick else 300)
-        rate1, lat1 = await bench_submit(L, 1, 100 if quick else 400, "one")
-        rate64, _ = await bench_submit(L, 64, 8 if quick else 40, "many")
+        n1, per64 = (100, 8) if quick else (400, 40)
+        e0 = engine_stats(db)
+        rate1, lat1 = await bench_submit(L, 1, n1, "one")
+        e1 = engine_stats(db)
+        rate64, _ = await bench_submit(L, 64, per64, "many")
+        e2 = engine_stats(db)
+        out.update(per_op(e0, e1, n1, "submit1"))
+        out.update(per_op(e1, e2, 64 * per64, "submit64"))
         out.update({
             "raw_fsync_p50_ms": round(fsync_p50 * 1e3, 3),
             "raw_synced_lmdb_puts_per_s": round(raw_rate),

@@ -22,6 +22,17 @@ Fan-out (:class:`Hubs`)
     A subscriber whose queue fills (a client not reading) is cut off rather than
     buffered without bound; it reconnects with Last-Event-ID and loses nothing.
 
+Direct writes
+    Once a subscriber's stream is live, caught up and has nothing pending, and its
+    front gave it a :class:`~server.wire.DirectWriter` (hypercorn's HTTP/1.1 over plain
+    TCP), the hub writes each frame — pre-framed as one HTTP/1.1 chunk, built once per
+    event — to that subscriber's socket itself: no queue, no task switch, no ASGI send
+    per follower (at 1,000 followers this took the fan-out from ~175 to ~22 ms of CPU
+    per event). A write the kernel takes only in part leaves its rest pending in the
+    writer, and the hub hands the subscriber back to its own task, which flushes it,
+    drains what queued meanwhile, and goes direct again once caught up. The duplicate
+    check (``Subscriber.last``) is the same on both paths.
+
 Heartbeats
     The hub, not each connection, keeps time: when its journal has been quiet for
     half a heartbeat period it queues one heartbeat comment to every subscriber, so
@@ -34,8 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio

@@ -42,14 +42,15 @@ How (and why it is safe)
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from typing import Any
 
+import h11
 import trio
-
-log = logging.getLogger(__name__)
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
+from hypercorn.trio.tcp_server import TCPServer
 
 __all__ = ["DirectWriter", "open_direct_writer", "chunk"]
 
@@ -152,13 +153,6 @@ def open_direct_writer(send: Any) -> DirectWriter | None:
 
     Call after the response start has gone out through ``send`` (so h11 is in SEND_BODY).
     """
-    try:
-        from hypercorn.protocol.h11 import H11Protocol
-        from hypercorn.protocol.http_stream import HTTPStream
-        from hypercorn.trio.tcp_server import TCPServer
-        import h11
-    except ImportError:  # pragma: no cover - hypercorn is a dependency
-        return None
     stream = getattr(send, "__self__", None)
     if not isinstance(stream, HTTPStream) or getattr(send, "__func__", None) is not HTTPStream.app_send:
         return None

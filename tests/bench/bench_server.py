@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -373,7 +374,7 @@ def child_followers(port: int, after: str, n: int, ready_file: str, commits_file
         if len(closed) == n:
             raise SystemExit("every follower was closed before its stream opened")
     Path(ready_file).write_text(str(os.getpid()))
-    cpu0 = time.process_time()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     commits: dict[str, float] | None = None
     stop_at = 0.0
     next_check = 0.0
@@ -393,7 +394,8 @@ def child_followers(port: int, after: str, n: int, ready_file: str, commits_file
         if t >= stop_at or all(len(p.got) >= len(commits) and all(c in p.got for c in commits)
                                for p in parsed.values()):
             break
-    cpu = time.process_time() - cpu0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_user, cpu_sys = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     for fd in socks:
         _parse(parsed[fd], chunks[fd])
     delays: list[float] = []
@@ -411,7 +413,8 @@ def child_followers(port: int, after: str, n: int, ready_file: str, commits_file
             for c, t in commits.items()}))
     delays.sort()
     Path(out_file).write_text(json.dumps({
-        "complete": complete, "closed_early": len(closed), "client_cpu_s": cpu, "deliveries": len(delays),
+        "complete": complete, "closed_early": len(closed), "client_cpu_s": cpu_user + cpu_sys,
+        "client_sys_share": cpu_sys / max(1e-9, cpu_user + cpu_sys), "deliveries": len(delays),
         "p50": delays[len(delays) // 2] if delays else None,
         "p99": delays[int(len(delays) * 0.99)] if delays else None,
         "max": delays[-1] if delays else None,
@@ -463,8 +466,14 @@ def stop(proc: subprocess.Popen) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc (clock ticks -> seconds)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process in seconds, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 async def bare_rate(args: argparse.Namespace) -> dict:
@@ -562,7 +571,7 @@ async def fanout_phase(args: argparse.Namespace, tmp: str, out: dict) -> None:
         out["fanout_connect_s"] = round(time.perf_counter() - t_connect, 2)
         await trio.sleep(2)  # idle
         rss_idle = rss_kib(proc.pid)
-        cpu0 = cpu_seconds(proc.pid)
+        cpu0 = cpu_split(proc.pid)
         proc.send_signal(signal.SIGUSR1)
         # The appender paces itself at EVENTS_PER_SECOND but waits for each commit; on an
         # overloaded machine it falls behind, and emit_seconds says by how much.
@@ -572,7 +581,9 @@ async def fanout_phase(args: argparse.Namespace, tmp: str, out: dict) -> None:
         with trio.fail_after(STRAGGLER_SECONDS + 30):
             while followers.poll() is None:
                 await trio.sleep(0.1)
-        server_cpu = cpu_seconds(proc.pid) - cpu0
+        cpu1 = cpu_split(proc.pid)
+        server_user, server_sys = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+        server_cpu = server_user + server_sys
         emitted = json.loads(Path(commits_file).read_text())
         summary = json.loads(Path(summary_file).read_text())
         n_events = len(emitted["commits"])
@@ -590,6 +601,9 @@ async def fanout_phase(args: argparse.Namespace, tmp: str, out: dict) -> None:
             "fanout_max_ms": ms(summary["max"]),
             "fanout_server_cpu_ms_per_event": round(1000 * server_cpu / max(1, n_events), 2),
             "fanout_client_cpu_ms_per_event": round(1000 * summary["client_cpu_s"] / max(1, n_events), 2),
+            # the kernel's share (the loopback TCP path: mostly not Python's to remove)
+            "fanout_server_cpu_sys_share": round(server_sys / max(1e-9, server_cpu), 2),
+            "fanout_client_cpu_sys_share": round(summary["client_sys_share"], 2),
             "kib_per_idle_sse": round((rss_idle - rss_before) / max(1, args.followers), 1),
         })
     finally:

@@ -628,17 +628,24 @@ class Ledger:
 
     # -- settle -------------------------------------------------------------
 
-    async def settle_tr(self, tr: Any, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
+    async def settle_tr(self, tr: Any, lease: Lease, outcome: Mapping[str, Any], *,
+                        lease_rec: dict[str, Any] | None = None) -> dict[str, Any]:
         """Settle the run with ``outcome`` (see :func:`completed`, :func:`failed`,
         :func:`cancelled`). Idempotent: settling again with the same lease returns the
-        stored outcome; a lost lease raises :class:`LeaseLost`."""
+        stored outcome; a lost lease raises :class:`LeaseLost`.
+
+        ``lease_rec``: what :meth:`check_lease` returned for ``lease`` earlier in this
+        same transaction (the check is not repeated)."""
         out = _check_outcome(outcome)
         run = await self._run(tr, lease.run_id)
         if run["state"] in SETTLED_STATES:
             if run.get("settled_token") == lease.token:
                 return await self._outcome(tr, run["id"]) or out
             raise LeaseLost(f"run {lease.run_id!r} was settled by someone else")
-        rec = await self.check_lease(tr, lease)
+        if lease_rec is not None and lease_rec.get("token") == lease.token:
+            rec = lease_rec
+        else:
+            rec = await self.check_lease(tr, lease)
         # the lease record the check read is the one _finish_tr clears (not read twice)
         await self._finish_tr(tr, run, out, token=lease.token, lease_rec=_SKIP if rec is None else rec)
         return out

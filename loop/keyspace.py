@@ -100,6 +100,12 @@ class LoopState:
             }
         )
 
+    def copy(self) -> "LoopState":
+        """An independent copy (the per-call records too: commits mutate a copy)."""
+        return LoopState(self.owner, self.conversation, self.agent, self.user_seq, self.model_calls, self.retries,
+                         self.next_attempt_at, self.compactions, {k: dict(v) for k, v in self.calls.items()},
+                         self.ver, self.tok)
+
     @classmethod
     def from_bytes(cls, raw: bytes) -> "LoopState":
         d = loads(raw)

@@ -141,6 +141,7 @@ class Runner:
         self._new_token = rt.store.new_token
         self._state_key = rt.store.loop_keys.state(self.run_id)  # read and written by every commit
         self._txn_settled: dict[str, Any] | None = None  # the outcome the current commit attempt settles
+        self._txn_lease: Any = None  # the lease record the current commit attempt's check read
         # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
         # from it instead of reading and watching the outcome); None: not settled by this runner.
         self.settled: dict[str, Any] | None = None
@@ -244,6 +245,14 @@ class Runner:
         number.  Guard: the state's ``ver`` must be what this runner last
         wrote; a matching ``tok`` at ``ver + 1`` means an earlier attempt of
         this very transaction committed (1021), and nothing is applied twice.
+
+        The first attempt takes the state from memory instead of reading it:
+        while this runner holds the lease nobody else writes it (a takeover
+        rewrites the lease, which the lease check reads, so it conflicts;
+        approvals are written only while the run is parked, leaseless), and
+        every commit of this runner that may have landed either updated
+        ``self.state`` or ended the runner.  A retry (a conflict, or a 1021
+        whose commit may have landed) reads it to apply the guard.
         """
         assert self.state is not None
         async with self._lock:
@@ -251,16 +260,23 @@ class Runner:
             expected_ver = self.state.ver
             first_seq = self.head
             store = self.store
+            attempts = 0
 
             async def fn(tr: Any) -> LoopState:
+                nonlocal attempts
+                attempts += 1
                 self._txn_settled = None
-                await store.check_lease(tr, self.claim)
-                raw = await tr.get(self._state_key)
-                st = LoopState.from_bytes(raw) if raw is not None else None
-                if st is None or st.ver != expected_ver:
-                    if st is not None and st.ver == expected_ver + 1 and st.tok == token:
-                        return st  # our own commit, seen again after commit_unknown_result
-                    raise _StateMoved(f"loop state of {self.run_id} moved")
+                self._txn_lease = await store.check_lease(tr, self.claim)
+                if attempts == 1:
+                    assert self.state is not None
+                    st = self.state.copy()
+                else:
+                    raw = await tr.get(self._state_key)
+                    st = LoopState.from_bytes(raw) if raw is not None else None  # type: ignore[assignment]
+                    if st is None or st.ver != expected_ver:
+                        if st is not None and st.ver == expected_ver + 1 and st.tok == token:
+                            return st  # our own commit, seen again after commit_unknown_result
+                        raise _StateMoved(f"loop state of {self.run_id} moved")
                 self._txn_cancel = await store.cancel_requested(tr, self.run_id)
                 if self._txn_cancel:
                     self._note_cancel()
@@ -297,7 +313,7 @@ class Runner:
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
         """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
-        self._txn_settled = await self.store.settle(tr, self.claim, outcome)
+        self._txn_settled = await self.store.settle(tr, self.claim, outcome, lease_rec=self._txn_lease)
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
         return _message_events(self.run_id, first_seq, msgs)

@@ -271,8 +271,9 @@ class Store:
         """Settle in a transaction of its own (idempotent with the same lease)."""
         await self.ledger.settle(claim.lease, outcome)
 
-    async def check_lease(self, tr: Any, claim: Claim) -> None:
-        await self.ledger.check_lease(tr, claim.lease)
+    async def check_lease(self, tr: Any, claim: Claim) -> Any:
+        """Raises LeaseLost; returns the lease record read (pass it to :meth:`settle`)."""
+        return await self.ledger.check_lease(tr, claim.lease)
 
     async def renew(self, claim: Claim) -> None:
         await self.ledger.renew(claim.lease, self.lease_seconds)
@@ -281,10 +282,12 @@ class Store:
         """Give the run back (not an attempt): the next claim resumes it at once."""
         await self.ledger.release(claim.lease)
 
-    async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any]) -> dict[str, Any]:
+    async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any], *,
+                     lease_rec: Any = None) -> dict[str, Any]:
         """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled.
-        Returns the outcome as stored."""
-        out = await self.ledger.settle_tr(tr, claim.lease, outcome)
+        Returns the outcome as stored. ``lease_rec``: :meth:`check_lease`'s result in this
+        transaction, if it was called (the lease is then not read again)."""
+        out = await self.ledger.settle_tr(tr, claim.lease, outcome, lease_rec=lease_rec)
         tr.clear(self.loop_keys.parked(claim.run_id))
         return out
 

@@ -29,7 +29,7 @@ because on a shared 2-core machine the wall-clock figures mean little without it
    of the server and of the follower process during the fan-out, per event.
 
 Diagnosis (environment variables): ``BENCH_SERVER_PROFILE=path`` cProfiles the server during
-the fan-out; ``BENCH_SERVER_TRACE=path`` records when each broadcast began and ended;
+the fan-out (and ``path.connect``: from listening until the fan-out starts, the followers' connects); ``BENCH_SERVER_TRACE=path`` records when each broadcast began and ended;
 ``BENCH_FOLLOWERS_DUMP=path`` writes every follower's delay per event.
 """
 
@@ -152,6 +152,11 @@ def child_surefoot(port: int, data: str, commits_file: str, seconds: float, work
                     rt, auth, agent=agent, host="127.0.0.1", port=port, shutdown=shutdown,
                     task_status=task_status))
                 tune_gc()  # as `surefoot serve` does once it listens
+                connect_prof = None
+                if os.environ.get("BENCH_SERVER_PROFILE"):  # from listening to the fan-out: the connects
+                    import cProfile
+                    connect_prof = cProfile.Profile()
+                    connect_prof.enable()
 
                 async def emitter() -> None:
                     # SIGUSR1 starts the fan-out phase: EVENTS_PER_SECOND durable events for `seconds`.
@@ -165,6 +170,9 @@ def child_surefoot(port: int, data: str, commits_file: str, seconds: float, work
                             profile = os.environ.get("BENCH_SERVER_PROFILE")  # a path: cProfile the fan-out
                             if profile:
                                 import cProfile
+                                if connect_prof is not None:  # the connect phase's profile, separately
+                                    connect_prof.disable()
+                                    connect_prof.dump_stats(profile + ".connect")
                                 prof = cProfile.Profile()
                                 prof.enable()
                             t0 = trio.current_time()
@@ -616,6 +624,7 @@ async def fanout_phase(args: argparse.Namespace, tmp: str, out: dict) -> None:
 async def bench(args: argparse.Namespace) -> dict:
     full = args.followers >= FULL_FOLLOWERS and args.seconds >= FULL_SECONDS
     out: dict = {"bench": "server", "size": "full" if full else "reduced", "ack_clients": ACK_CLIENTS,
+                 "phases": ["acks", "fanout"] if args.only is None else [args.only],
                  "followers": args.followers, "fanout_seconds": args.seconds, "workers": args.workers,
                  "events_per_second": EVENTS_PER_SECOND, "load_average_1m_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="surefoot-bench-server-") as tmp:

@@ -165,14 +165,15 @@ _ORDER: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _ENSURED: "weakref.WeakKeyDictionary[Any, tuple[Any, set[bytes]]]" = weakref.WeakKeyDictionary()
 
 
-def _next_order(tr: Any) -> int:
+def _next_order(tr: Any, count: int = 1) -> int:
+    """The first of ``count`` consecutive orders reserved in ``tr``."""
     try:
         n = _ORDER.get(tr, 0)
-        _ORDER[tr] = n + 1
+        _ORDER[tr] = n + count
     except TypeError:  # a transaction type without weakref support
         n = getattr(tr, "_surefoot_event_order", 0)
-        setattr(tr, "_surefoot_event_order", n + 1)
-    if n >= MAX_EVENTS_PER_TRANSACTION:
+        setattr(tr, "_surefoot_event_order", n + count)
+    if n + count > MAX_EVENTS_PER_TRANSACTION:
         raise TooLarge(f"more than {MAX_EVENTS_PER_TRANSACTION} journal events in one transaction")
     return n
 
@@ -268,10 +269,11 @@ class Journal:
         prefix = self.keys.events(tag, conversation).raw_prefix
         stamp = tr.get_versionstamp()
         refs = []
+        order = _next_order(tr, len(values))
         for (type, _), value in zip(items, values):
-            order = _next_order(tr)
             tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
             refs.append(EventRef(stamp, order, type))
+            order += 1
         tr.add(self.keys.emitted(tag, conversation), pack_i64(len(values)))
         self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
         if self.retention and n >= self.trim_slack:

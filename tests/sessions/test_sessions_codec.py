@@ -25,3 +25,13 @@ def test_id_source_ids_are_unique_within_and_across_sources():
     ids = [a() for _ in range(10_000)] + [b() for _ in range(10_000)]
     assert len(set(ids)) == len(ids)
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_canonical_hash_ignores_key_order_and_sees_values():
+    from sessions.codec import canonical_hash
+
+    a = {"delivery": {"message": "hi", "agent": "x", "é": [1, {"b": 2, "a": 1}]}, "result_schema": None}
+    b = {"result_schema": None, "delivery": {"é": [1, {"a": 1, "b": 2}], "agent": "x", "message": "hi"}}
+    assert canonical_hash(a) == canonical_hash(b)
+    assert canonical_hash(a) != canonical_hash({**a, "result_schema": {"type": "string"}})
+    assert canonical_hash({"x": 1.5}) != canonical_hash({"x": 1})

@@ -90,12 +90,14 @@ class Buggify:
 
 
 def digest_mutations(mutations: list[Any]) -> str:
-    h = hashlib.blake2b(digest_size=8)
+    """A short hash of a commit's mutations for the trace: every part, each followed by a NUL."""
+    parts: list[bytes] = []
     for m in mutations:
         for part in m:
-            h.update(part if isinstance(part, (bytes, bytearray)) else str(part).encode())
-            h.update(b"\x00")
-    return h.hexdigest()
+            parts.append(part if isinstance(part, bytes) else
+                         bytes(part) if isinstance(part, bytearray) else str(part).encode())
+    parts.append(b"")
+    return hashlib.blake2b(b"\x00".join(parts), digest_size=8).hexdigest()
 
 
 class SimHooks(FaultHooks):
@@ -109,10 +111,13 @@ class SimHooks(FaultHooks):
         return getattr(tr.db, "process", None)
 
     def on_read(self, tr: Any) -> None:
-        proc = self._proc(tr)
-        if proc is not None:
-            proc.check_alive()
+        # Every kv read comes through here: a dead process's read dies, BUGGIFY only when on.
+        proc = getattr(tr.db, "process", None)
+        if proc is not None and proc.dead:
+            raise Crash(f"{proc.label} is dead")
         b = self.world.buggify
+        if not (b.enabled and b.gate):
+            return
         if b("kv.read.1007", 0.05):
             self.world.fault("kv.read.1007")
             raise kv.KVError(1007)

@@ -7,13 +7,15 @@ hook hands the oracle each committed transaction with its commit version
 and its order in the batch — exactly the versionstamp, i.e. the
 serialization order, and the truth about every ``commit_unknown_result``.
 
-:meth:`Oracle.check` replays the committed transactions in versionstamp
-order over a model dictionary.  For each one it re-executes the logged
+:class:`Oracle` replays the committed transactions in versionstamp order
+over a model dictionary, as they commit (the engine hands them over in
+that order).  For each one it re-executes the logged
 reads against (model state at its serialization point) overlaid with its
 own earlier mutations, and demands the same answers: a transaction that
 read something another transaction serialized before it had overwritten
-is a serializability violation.  Finally the model must equal what the
-engine holds (nothing lost, nothing half-applied).  Linear in the history.
+is a serializability violation.  Finally (:meth:`Oracle.check`) the model
+must equal what the engine holds (nothing lost, nothing half-applied).
+Linear in the history; the history itself is not kept.
 
 Snapshot reads are not checked (they add no conflict and may legitimately
 see an older value); neither are read-only transactions (their read version
@@ -39,8 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["Oracle", "RecordingDatabase", "RecordingTransaction"]
 
 _SYSTEM = b"\xff"
-# The oracle keeps every committed transaction of a run; a run that commits more is cut off.
-MAX_ORACLE_TRANSACTIONS = 200_000
+# Serializability problems reported per run (the first ones tell the story).
+MAX_PROBLEMS = 5
 
 
 class RecordingTransaction(Transaction):
@@ -56,18 +58,22 @@ class RecordingTransaction(Transaction):
 
         (The memory engine answers reads synchronously and a lone commit
         without a checkpoint; without this, concurrent transactions would
-        never overlap and conflicts would never be exercised.)
+        never overlap and conflicts would never be exercised.)  A wait is
+        the world clock's cheap sleep (:meth:`VirtualClock.sleep`).
         """
         world = self.db.world
-        if world is not None:
-            proc = self.db.process
-            if proc is not None and proc.clogged_until > world.now():
-                await proc.wait_unclogged()  # cut off from the store (clogged)
-            delay = world.latency(commit)
-            if delay:
-                await trio.sleep(delay)
-            elif delay is not None:
-                await trio.lowlevel.checkpoint()
+        if world is None:
+            return
+        proc = self.db.process
+        if proc is not None and proc.clogged_until and proc.clogged_until > world.clock._now:
+            await proc.wait_unclogged()  # cut off from the store (clogged)
+        delay = world.latency(commit)
+        if delay is None:
+            return  # answered at once
+        if delay:
+            await world.clock.sleep(delay)
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
         await self._latency()
@@ -81,8 +87,7 @@ class RecordingTransaction(Transaction):
         begin, end = await self._resolve_bounds(begin, end, snapshot)
         rows = await super()._get_range(begin, end, limit, reverse, snapshot)
         if not snapshot:
-            self._sim_log.append(("range", len(self._mutations), begin, end, limit, reverse,
-                                  [(r[0], r[1]) for r in rows]))
+            self._sim_log.append(("range", len(self._mutations), begin, end, limit, reverse, list(rows)))
         return rows
 
     async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
@@ -161,31 +166,41 @@ class _Overlay:
 
 
 class Oracle:
-    """Collects committed transactions; :meth:`check` replays them in versionstamp order."""
+    """Checks each committed transaction as it commits, in versionstamp order; :meth:`check` reports.
+
+    The engine hands over committed batches in version order and each batch's
+    transactions in their order, which *is* the serialization order the
+    replay needs, so the model advances commit by commit: a transaction's
+    logged reads are re-executed against the model as it stands (everything
+    serialized before it) plus its own earlier mutations, then its mutations
+    are applied.  Same verdicts as replaying a recorded history after the
+    run, without keeping or sorting the history.
+    """
 
     def __init__(self) -> None:
-        self.history: list[tuple[int, int, list[tuple], list[tuple]]] = []
-        self.truncated = False
+        self.model = SortedDict()  # the store as the serial order of committed transactions makes it
+        self.problems: list[str] = []
+        self.transactions = 0
+        self._last: tuple[int, int] = (-1, -1)
 
     def committed(self, version: int, order: int, req: CommitRequest) -> None:
-        if len(self.history) >= MAX_ORACLE_TRANSACTIONS:
-            self.truncated = True
-            return
-        tr = req.tag
-        muts = list(req.mutations)
-        for index, kind, key, value, offset in req.stamped:
-            if kind == "key":
-                muts[index] = ("set", _stamp_into(key, offset, req.stamp), value)
-            else:
-                muts[index] = ("set", key, _stamp_into(value, offset, req.stamp))
-        log = list(getattr(tr, "_sim_log", ()))
-        self.history.append((version, order, muts, log))
-
-    def check(self, engine: Any) -> list[str]:
-        """Replay the history; return what does not serialize (empty when all is well)."""
-        problems: list[str] = []
-        model = SortedDict()
-        for version, order, muts, log in sorted(self.history, key=lambda h: (h[0], h[1])):
+        """One committed transaction (from the engine's ``after_apply`` hook)."""
+        self.transactions += 1
+        if (version, order) <= self._last:
+            self._problem(f"transaction at versionstamp ({version}, {order}) committed after {self._last}")
+        self._last = (version, order)
+        muts = req.mutations
+        if req.stamped:
+            muts = list(muts)
+            stamp = req.stamp
+            for index, kind, key, value, offset in req.stamped:
+                if kind == "key":
+                    muts[index] = ("set", _stamp_into(key, offset, stamp), value)
+                else:
+                    muts[index] = ("set", key, _stamp_into(value, offset, stamp))
+        model = self.model
+        log = getattr(req.tag, "_sim_log", None)
+        if log and len(self.problems) < MAX_PROBLEMS:
             ov = _Overlay(model)
             mi = 0
             for entry in log:
@@ -195,20 +210,27 @@ class Oracle:
                     mi += 1
                 bad = self._check_read(ov, entry)
                 if bad:
-                    problems.append(f"transaction at versionstamp ({version}, {order}): {bad}")
-                    if len(problems) >= 5:
-                        return problems
-            for m in muts:
-                _apply(model, m)
-        if not self.truncated:
-            snap = engine.store.snapshot()
-            actual = snap.range(b"", _SYSTEM, False, 0)
-            snap.close()
-            expected = list(model.items())
-            if actual != expected:
-                a, e = dict(actual), dict(expected)
-                diff = sorted(set(a) ^ set(e) | {k for k in set(a) & set(e) if a[k] != e[k]})
-                problems.append(f"store differs from the replayed history at {len(diff)} key(s), first {diff[0]!r}")
+                    self._problem(f"transaction at versionstamp ({version}, {order}): {bad}")
+        for m in muts:
+            _apply(model, m)
+
+    def _problem(self, text: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+
+    def check(self, engine: Any) -> list[str]:
+        """What did not serialize (empty when all is well); then the store must equal the model."""
+        problems = list(self.problems)
+        if len(problems) >= MAX_PROBLEMS:
+            return problems
+        snap = engine.store.snapshot()
+        actual = snap.range(b"", _SYSTEM, False, 0)
+        snap.close()
+        expected = list(self.model.items())
+        if actual != expected:
+            a, e = dict(actual), dict(expected)
+            diff = sorted(set(a) ^ set(e) | {k for k in set(a) & set(e) if a[k] != e[k]})
+            problems.append(f"store differs from the replayed history at {len(diff)} key(s), first {diff[0]!r}")
         return problems
 
     @staticmethod

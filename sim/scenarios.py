@@ -53,6 +53,61 @@ assert CLOG_SECONDS > SIM_LEASE_SECONDS
 CURRENT_PROCESS: contextvars.ContextVar[Process] = contextvars.ContextVar("sim_process")
 
 
+# The scenario of the run (set at boot, next to CURRENT_PROCESS): the shared agents' script and tools use it.
+CURRENT_SCENARIO: contextvars.ContextVar["RuntimeScenario"] = contextvars.ContextVar("sim_scenario")
+
+_TOOLS: list[Any] | None = None
+
+
+def _shared_tools() -> list[Any]:
+    """The simulation's tools, built on first use and shared by every run (deriving a tool's schema
+    is not free); each finds its run's scenario and process through the context variables."""
+    global _TOOLS
+    if _TOOLS is not None:
+        return _TOOLS
+
+    @tool
+    async def effect(n: int, ctx: ToolContext) -> str:
+        """An external side effect (counted by the world)."""
+        return await CURRENT_SCENARIO.get().do_effect(ctx, f"effect {n}")
+
+    @tool(requires_approval=True)
+    async def guarded(n: int, ctx: ToolContext) -> str:
+        """An effect that needs a human's approval."""
+        return await CURRENT_SCENARIO.get().do_effect(ctx, f"guarded {n}")
+
+    @tool
+    async def brief(n: int, ctx: ToolContext) -> str:
+        """A short tool (its worker is cut off from the store right after the effect)."""
+        out = await CURRENT_SCENARIO.get().do_effect(ctx, f"brief {n}")
+        await trio.sleep(0.3)
+        return out
+
+    @tool
+    async def cutoff(n: int, ctx: ToolContext) -> str:
+        """An effect after which the worker loses the store for longer than its lease."""
+        out = await CURRENT_SCENARIO.get().do_effect(ctx, f"cutoff {n}")
+        CURRENT_PROCESS.get().clog(SIM_LEASE_SECONDS * 3)
+        return out
+
+    @tool
+    async def slow(n: int, ctx: ToolContext) -> str:
+        """A long tool that stops early when the run is cancelled."""
+        out = await CURRENT_SCENARIO.get().do_effect(ctx, f"slow {n}")
+        for _ in range(20):
+            if ctx.cancelled:
+                return "stopped early " + out
+            await trio.sleep(0.1)
+        return out
+
+    _TOOLS = [effect, guarded, slow, brief, cutoff]
+    return _TOOLS
+
+
+def _script(messages: list, tools: list) -> Any:
+    return CURRENT_SCENARIO.get().model_script(messages, tools)
+
+
 class SimClock(Clock):
     """The runtime's wall clock on the world's virtual time."""
 
@@ -130,118 +185,82 @@ class RuntimeScenario(Scenario):
 
     # ------------------------------------------------------------------ the process
 
-    def model_script(self) -> Callable[[list, list], Any]:
+    def model_script(self, messages: list, tools: list) -> Any:
+        """What the scripted model answers (keyed on the conversation's content, never on a counter)."""
         world, calls = self.world, self.model_calls
+        if messages and "Summarise this conversation" in M.text_of(messages[-1]):
+            return "summary of the earlier turns"
+        i = max((j for j, m in enumerate(messages) if m.get("role") == "user"), default=0)
+        text = M.text_of(messages[i]) if messages else ""
+        mode = text.split(" ", 1)[0]
+        after = messages[i + 1 :]
+        results = sum(1 for m in after if m.get("role") == "tool"
+                      for p in m.get("content", ()) if p.get("type") == "tool_result")
+        key = (text, len(messages))
+        calls[key] = calls.get(key, 0) + 1
+        b = world.buggify
+        if b("provider.transient"):
+            world.fault("provider.transient")
+            return transient("overloaded", retry_after=world.rng.choice([None, 0.5, 3.0]))
+        if b("provider.overflow", 0.1):
+            world.fault("provider.overflow")
+            return overflow()
+        if b("provider.permanent", 0.05):
+            world.fault("provider.permanent")
+            return permanent("invalid request")
+        if b("provider.broken", 0.1):
+            world.fault("provider.broken")
+            return broken("a partial answer that breaks", after=1)
+        if mode == "retry" and calls[key] <= 2:
+            return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
+        if mode in ("tool", "approve", "cancel", "stale"):
+            name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "brief"}[mode]
+            return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
+        if mode == "exhaust":  # a tool every attempt, each cutting its worker off past the lease
+            return reply("again", tool_call("cutoff", {"n": results + 1}))
+        if mode == "spend":  # tools forever: only the usage ceiling stops it
+            return reply("more " + "y" * 40, tool_call("effect", {"n": results + 1}))
+        if mode == "multi":
+            if results == 0:
+                return reply("two tools", tool_call("effect", {"n": 1}), tool_call("effect", {"n": 2}))
+            if results == 2:
+                return reply("one more", tool_call("effect", {"n": 3}))
+            return "multi done"
+        if mode == "compact":
+            return "a long answer " + "x" * 300
+        return f"answer to {text}"
 
-        def script(messages: list, tools: list) -> Any:
-            if messages and "Summarise this conversation" in M.text_of(messages[-1]):
-                return "summary of the earlier turns"
-            i = max((j for j, m in enumerate(messages) if m.get("role") == "user"), default=0)
-            text = M.text_of(messages[i]) if messages else ""
-            mode = text.split(" ", 1)[0]
-            after = messages[i + 1 :]
-            results = sum(1 for m in after if m.get("role") == "tool"
-                          for p in m.get("content", ()) if p.get("type") == "tool_result")
-            key = (text, len(messages))
-            calls[key] = calls.get(key, 0) + 1
-            b = world.buggify
-            if b("provider.transient"):
-                world.fault("provider.transient")
-                return transient("overloaded", retry_after=world.rng.choice([None, 0.5, 3.0]))
-            if b("provider.overflow", 0.1):
-                world.fault("provider.overflow")
-                return overflow()
-            if b("provider.permanent", 0.05):
-                world.fault("provider.permanent")
-                return permanent("invalid request")
-            if b("provider.broken", 0.1):
-                world.fault("provider.broken")
-                return broken("a partial answer that breaks", after=1)
-            if mode == "retry" and calls[key] <= 2:
-                return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
-            if mode in ("tool", "approve", "cancel", "stale"):
-                name = {"tool": "effect", "approve": "guarded", "cancel": "slow", "stale": "brief"}[mode]
-                return reply("using a tool", tool_call(name, {"n": 1})) if results == 0 else f"{mode} done"
-            if mode == "exhaust":  # a tool every attempt, each cutting its worker off past the lease
-                return reply("again", tool_call("cutoff", {"n": results + 1}))
-            if mode == "spend":  # tools forever: only the usage ceiling stops it
-                return reply("more " + "y" * 40, tool_call("effect", {"n": results + 1}))
-            if mode == "multi":
-                if results == 0:
-                    return reply("two tools", tool_call("effect", {"n": 1}), tool_call("effect", {"n": 2}))
-                if results == 2:
-                    return reply("one more", tool_call("effect", {"n": 3}))
-                return "multi done"
-            if mode == "compact":
-                return "a long answer " + "x" * 300
-            return f"answer to {text}"
-
-        return script
+    async def do_effect(self, ctx: ToolContext, what: str) -> str:
+        """A tool's external side effect, counted by the world outside every process."""
+        world = self.world
+        proc = CURRENT_PROCESS.get()
+        key = f"{ctx.run_id}/{ctx.call_id}"
+        self.tools_called[key] = self.tools_called.get(key, 0) + 1
+        await trio.sleep(world.rng.random() * 0.01)
+        if world.buggify("tool.exception.before"):
+            world.fault("tool.exception")
+            raise RuntimeError("tool failed before its effect")
+        world.effect(proc, key)
+        if self.clog and what.startswith("brief") and not self._clog_done:
+            self._clog_done = True
+            proc.clog(CLOG_SECONDS)
+            world.commit_listeners.append(self._unclog_on_takeover(proc, world.now()))
+        await trio.sleep(world.rng.random() * 0.01)
+        if world.buggify("tool.exception.after"):
+            world.fault("tool.exception")
+            raise RuntimeError("tool failed after its effect")
+        return f"{what} ok [{key}]"
 
     def make_agents(self) -> dict[str, Agent]:
-        """The scenario's agents, built once per run and shared by its processes (deriving tool
-        schemas is not free); a tool finds the process it runs in through :data:`CURRENT_PROCESS`."""
-        world = self.world
-        scenario = self
-
-        async def do_effect(ctx: ToolContext, what: str) -> str:
-            proc = CURRENT_PROCESS.get()
-            key = f"{ctx.run_id}/{ctx.call_id}"
-            scenario.tools_called[key] = scenario.tools_called.get(key, 0) + 1
-            await trio.sleep(world.rng.random() * 0.01)
-            if world.buggify("tool.exception.before"):
-                world.fault("tool.exception")
-                raise RuntimeError("tool failed before its effect")
-            world.effect(proc, key)
-            if scenario.clog and what.startswith("brief") and not scenario._clog_done:
-                scenario._clog_done = True
-                proc.clog(CLOG_SECONDS)
-                world.commit_listeners.append(scenario._unclog_on_takeover(proc, world.now()))
-            await trio.sleep(world.rng.random() * 0.01)
-            if world.buggify("tool.exception.after"):
-                world.fault("tool.exception")
-                raise RuntimeError("tool failed after its effect")
-            return f"{what} ok [{key}]"
-
-        @tool
-        async def effect(n: int, ctx: ToolContext) -> str:
-            """An external side effect (counted by the world)."""
-            return await do_effect(ctx, f"effect {n}")
-
-        @tool(requires_approval=True)
-        async def guarded(n: int, ctx: ToolContext) -> str:
-            """An effect that needs a human's approval."""
-            return await do_effect(ctx, f"guarded {n}")
-
-        @tool
-        async def brief(n: int, ctx: ToolContext) -> str:
-            """A short tool (its worker is cut off from the store right after the effect)."""
-            out = await do_effect(ctx, f"brief {n}")
-            await trio.sleep(0.3)
-            return out
-
-        @tool
-        async def cutoff(n: int, ctx: ToolContext) -> str:
-            """An effect after which the worker loses the store for longer than its lease."""
-            out = await do_effect(ctx, f"cutoff {n}")
-            CURRENT_PROCESS.get().clog(SIM_LEASE_SECONDS * 3)
-            return out
-
-        @tool
-        async def slow(n: int, ctx: ToolContext) -> str:
-            """A long tool that stops early when the run is cancelled."""
-            out = await do_effect(ctx, f"slow {n}")
-            for _ in range(20):
-                if ctx.cancelled:
-                    return "stopped early " + out
-                await trio.sleep(0.1)
-            return out
-
-        tools = [effect, guarded, slow, brief, cutoff]
-        script = self.model_script()
+        """The scenario's agents, built once per run and shared by its processes, over tools built
+        once per Python process; the script and the tools find the run's scenario and process
+        through :data:`CURRENT_SCENARIO` and :data:`CURRENT_PROCESS`.  (Agents are per run: a
+        RetryPolicy's jitter PRNG is seeded from the world's when it is made, and a ScriptedModel
+        keeps every request it was sent.)"""
+        tools = _shared_tools()
         return {
-            "sim": Agent("sim", "You are simulated.", ScriptedModel(script), tools=tools, retry=RetryPolicy()),
-            "sim-compact": Agent("sim-compact", "You are simulated.", ScriptedModel(script), tools=tools,
+            "sim": Agent("sim", "You are simulated.", ScriptedModel(_script), tools=tools, retry=RetryPolicy()),
+            "sim-compact": Agent("sim-compact", "You are simulated.", ScriptedModel(_script), tools=tools,
                                  retry=RetryPolicy(), compact_at_tokens=150, keep_recent=2),
         }
 
@@ -254,6 +273,7 @@ class RuntimeScenario(Scenario):
             self._agents = self.make_agents()
         agents = self._agents
         CURRENT_PROCESS.set(proc)  # inherited by every task the runtime starts
+        CURRENT_SCENARIO.set(self)
         async with Runtime.open(
             db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
             max_attempts=self.max_attempts, agents=list(agents.values()),

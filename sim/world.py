@@ -1,7 +1,7 @@
 """The simulated world: one seeded PRNG, virtual time, a seeded scheduler, the memory engine as the disk.
 
 Everything a simulation run does happens inside one ``trio.run`` on a
-``MockClock(autojump_threshold=0)``, with trio's scheduler made deterministic
+virtual clock (:class:`VirtualClock`, MockClock's autojump), with trio's scheduler made deterministic
 from the seed (two private names: ``trio._core._run._r`` and
 ``_ALLOW_DETERMINISTIC_SCHEDULING``; pyproject pins ``trio>=0.25,<0.33`` and
 tests/sim checks that a seed replays byte for byte).  The sources of
@@ -22,6 +22,7 @@ process, so a crash cannot hide one.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import random
@@ -31,14 +32,14 @@ from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Awaitable, Callable, Iterator, TypeVar
 
 import trio
-import trio.testing
 from trio._core import _run as _trio_run  # private: the scheduler's PRNG and determinism flag
 
 import kv
 
 # The two private names the deterministic scheduler relies on (pyproject pins trio>=0.25,<0.33).
 if not (isinstance(getattr(_trio_run, "_r", None), random.Random)
-        and hasattr(_trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")):  # pragma: no cover - a trio outside the pin
+        and hasattr(_trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")
+):  # pragma: no cover - a trio outside the pin
     raise ImportError(f"sim needs trio's _core._run._r and _ALLOW_DETERMINISTIC_SCHEDULING (trio {trio.__version__})")
 
 from .faults import Buggify, Crash, FaultPlan, SimHooks
@@ -124,6 +125,101 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
         _trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved[4]  # type: ignore[misc]
         _trio_run._r.setstate(saved[5])
         os.getpid = saved[6]
+
+
+_INF = float("inf")
+
+
+def _abort_sleep(cell: list[Any]) -> Callable[[Any], trio.lowlevel.Abort]:
+    def abort(_: Any) -> trio.lowlevel.Abort:
+        cell[0] = None  # cancelled: the wake-up finds nobody
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    return abort
+
+
+class VirtualClock(trio.abc.Clock):
+    """Virtual time for one run: exactly what ``MockClock(autojump_threshold=0)`` does, for less.
+
+    Time stands still while any task can run; when none can, it jumps straight
+    to the next deadline.  MockClock spends an idle scheduler tick per jump (a
+    zero-timeout poll, then ``_autojump`` asking the run loop for its full
+    statistics, epoll included) and reads ``time.perf_counter`` on every
+    ``current_time`` even at rate 0 — every tick, every ``trio.sleep``, every
+    kv read version.  trio asks a clock for ``deadline_to_sleep_time`` only
+    when no task is runnable, so this clock jumps right there and answers 0:
+    the same virtual times (MockClock's jump arithmetic, so the same floats),
+    one tick fewer per jump.
+
+    The one thing that could still wake a task in that idle tick is trio's
+    entry queue (``run_sync_soon``: the finalizer of an async generator
+    dropped unfinished, e.g. a journal follower cut short by ``CursorBehind``).
+    MockClock lets it run before the jump, so this clock does not jump while
+    that queue holds work (private run-loop state, like the scheduler seed;
+    pinned trio range).
+
+    :meth:`sleep` is ``trio.sleep`` for the simulation's own waits (network
+    latency on most kv requests): the task parks on this clock's heap and
+    :class:`_WakeSleepers` reschedules it in the tick its deadline passes —
+    the tick in which trio would have expired a ``trio.sleep``'s cancel scope
+    (trio sorts each tick's batch by task before the seeded shuffle, so the
+    order of wake-ups within a tick does not matter) — without a cancel scope,
+    a deadline registration and a ``Cancelled`` raised and caught per sleep.
+    Traces are byte-identical to MockClock with ``trio.sleep``.
+    """
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._sleepers: list[tuple[float, int, list[Any]]] = []  # (deadline, seq, [task or None])
+        self._seq = 0
+        self.instrument = _WakeSleepers(self)
+
+    def start_clock(self) -> None:
+        pass
+
+    def current_time(self) -> float:
+        return self._now
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        sleepers = self._sleepers
+        while sleepers and sleepers[0][2][0] is None:  # cancelled sleeps
+            heapq.heappop(sleepers)
+        if sleepers and sleepers[0][0] < deadline:
+            deadline = sleepers[0][0]
+        jump = deadline - self._now
+        if 0 < jump < _INF:
+            entry = _trio_run.GLOBAL_RUN_CONTEXT.runner.entry_queue
+            if not (entry.queue or entry.idempotent_queue):
+                self._now += jump  # MockClock.jump's arithmetic: the same floats, so the same expiries
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        """``trio.sleep(seconds)`` (a checkpoint; cancellable), for ``seconds > 0``."""
+        cell: list[Any] = [trio.lowlevel.current_task()]
+        heapq.heappush(self._sleepers, (self._now + seconds, self._seq, cell))
+        self._seq += 1
+        await trio.lowlevel.wait_task_rescheduled(_abort_sleep(cell))
+
+
+class _WakeSleepers(trio.abc.Instrument):
+    """Reschedules the clock's sleepers whose deadline has passed, once per scheduler tick.
+
+    ``after_io_wait`` runs every tick just before trio expires its own
+    deadlines and forms the tick's batch of runnable tasks.
+    """
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+
+    def after_io_wait(self, timeout: float) -> None:
+        sleepers = self.clock._sleepers
+        now = self.clock._now
+        while sleepers and sleepers[0][0] <= now:
+            cell = heapq.heappop(sleepers)[2]
+            task = cell[0]
+            if task is not None:
+                cell[0] = None
+                trio.lowlevel.reschedule(task)
 
 
 class Trace:
@@ -228,8 +324,7 @@ class World:
         self.stats: dict[str, int] = {"crashes": 0, "restarts": 0, "commits": 0, "writes": 0}
         self.faults: dict[str, int] = {}
         self.violations: list[Violation] = []
-        self.clock = trio.testing.MockClock(autojump_threshold=0)
-        self._in_trio = False
+        self.clock = VirtualClock()
         self.oracle = Oracle()
         self.hooks = SimHooks(self)
         # kv's backoff jitter draws from the world's PRNG too (one PRNG for every choice).
@@ -255,7 +350,7 @@ class World:
     # -- time and randomness --------------------------------------------
 
     def now(self) -> float:
-        return self.clock.current_time() if self._in_trio else 0.0
+        return self.clock._now  # VirtualClock.current_time, minus a call (0.0 until the run starts)
 
     def wall(self) -> float:
         return SIM_EPOCH + self.now()
@@ -266,8 +361,11 @@ class World:
         Commits always yield (so transactions interleave and conflict); reads
         mostly answer at once, as the memory engine's do, and sometimes yield
         or wait a little, so read versions and commits interleave too.
+        (Called on every kv request: the BUGGIFY site is only consulted when
+        BUGGIFY is on.)
         """
-        if self.buggify("kv.latency"):
+        b = self.buggify
+        if b.enabled and b.gate and b("kv.latency"):
             return self.rng.random() * 0.05
         r = self.rng.random()
         if r < 0.3:
@@ -374,29 +472,25 @@ class World:
         """Run ``main(world)`` to completion in virtual time, deterministically from the seed."""
 
         async def entry() -> None:
-            self._in_trio = True
-            try:
-                stuck: list[str] = []
+            stuck: list[str] = []
 
-                async def watchdog() -> None:
-                    await trio.sleep(MAX_VIRTUAL_SECONDS - 1)
-                    stuck.extend(_stuck_tasks())
-                    self.stopping = True
+            async def watchdog() -> None:
+                await trio.sleep(MAX_VIRTUAL_SECONDS - 1)
+                stuck.extend(_stuck_tasks())
+                self.stopping = True
 
-                with trio.move_on_after(MAX_VIRTUAL_SECONDS) as cs:
-                    async with trio.open_nursery() as n:
-                        n.start_soon(watchdog)
-                        await main(self)
-                        n.cancel_scope.cancel()
-                if cs.cancelled_caught:
-                    self.violate("quiescence", 4, f"the run did not quiesce within {MAX_VIRTUAL_SECONDS / 3600:.0f} "
-                                 f"virtual hours; waiting: {'; '.join(stuck[:8])}")
-                self.finished_at = self.now()
-            finally:
-                self._in_trio = False
+            with trio.move_on_after(MAX_VIRTUAL_SECONDS) as cs:
+                async with trio.open_nursery() as n:
+                    n.start_soon(watchdog)
+                    await main(self)
+                    n.cancel_scope.cancel()
+            if cs.cancelled_caught:
+                self.violate("quiescence", 4, f"the run did not quiesce within {MAX_VIRTUAL_SECONDS / 3600:.0f} "
+                             f"virtual hours; waiting: {'; '.join(stuck[:8])}")
+            self.finished_at = self.now()
 
         with deterministic_process_state(self):
-            trio.run(entry, clock=self.clock, strict_exception_groups=True)
+            trio.run(entry, clock=self.clock, instruments=[self.clock.instrument], strict_exception_groups=True)
         self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
 
 

@@ -102,6 +102,9 @@ def child_surefoot(port: int, data: str, commits_file: str, seconds: float, work
     from server.serve import default_agent, run_server, tune_gc
 
     logging.basicConfig(level=logging.WARNING)
+    if os.environ.get("BENCH_ASGI_SSE"):  # --asgi-sse: every frame through hypercorn's ASGI send
+        import server.app
+        server.app.DIRECT_SSE_WRITES = False
 
     class CommitClock(FaultHooks):
         """Stamps each batch when it is durable, before any waiter or watch is told.
@@ -625,6 +628,7 @@ async def bench(args: argparse.Namespace) -> dict:
     full = args.followers >= FULL_FOLLOWERS and args.seconds >= FULL_SECONDS
     out: dict = {"bench": "server", "size": "full" if full else "reduced", "ack_clients": ACK_CLIENTS,
                  "phases": ["acks", "fanout"] if args.only is None else [args.only],
+                 "sse_path": "asgi" if args.asgi_sse else "direct",
                  "followers": args.followers, "fanout_seconds": args.seconds, "workers": args.workers,
                  "events_per_second": EVENTS_PER_SECOND, "load_average_1m_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="surefoot-bench-server-") as tmp:
@@ -666,7 +670,11 @@ def main() -> None:
                    help="claim loops running the submitted turns during the ack phase (0: acks only)")
     p.add_argument("--ack-seconds", type=float, default=None, help="duration of each ack-rate phase (default 5)")
     p.add_argument("--only", choices=("acks", "fanout"), default=None, help="run one phase only")
+    p.add_argument("--asgi-sse", action="store_true",
+                   help="for comparison: live SSE frames through hypercorn's ASGI send, not server.wire's direct writes")
     args = p.parse_args()
+    if args.asgi_sse:
+        os.environ["BENCH_ASGI_SSE"] = "1"  # inherited by the server children
     if args.followers is None:
         args.followers = QUICK_FOLLOWERS if args.quick else FULL_FOLLOWERS
     if args.seconds is None:

@@ -26,6 +26,7 @@ no tools (its tool calls get ``unknown_tool`` results).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import uuid
@@ -74,6 +75,27 @@ MAX_EXTRA_CLAIMERS = 14
 assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0 and CLAIMERS >= 1 and MAX_EXTRA_CLAIMERS >= 0
 
 SETTLED = {E.RUN_COMPLETED: "completed", E.RUN_FAILED: "failed", E.RUN_CANCELLED: "cancelled"}
+
+
+class _IdleWorker:
+    """A claim loop waiting for work, offered to this runtime's submits (``Runtime._idle``).
+
+    A submit takes the oldest one (``reserved``), wakes it (``scope``), and claims the
+    run for it inside the submitting transaction (``Ledger.submit_and_claim``); the
+    worker waits for ``done`` and drives ``claim`` (None: the run queued behind
+    another, or the id was already used, and the worker looks for work as usual).
+    The worker count still bounds the runs this process drives: a submit hands a run
+    only to a worker that was idle, and submits with no idle worker go through the
+    ready index as before."""
+
+    __slots__ = ("worker", "scope", "done", "reserved", "claim")
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.reserved = False
+        self.claim: Claim | None = None
 
 
 class NotFound(LoopError):
@@ -164,6 +186,7 @@ class Runtime:
         self._worker_seq = 0
         self._claimers = trio.Semaphore(CLAIMERS)  # seats of idle workers looking for work: see CLAIMERS
         self._extra_seats = 0  # seats opened beyond CLAIMERS because of a backlog
+        self._idle: collections.deque[_IdleWorker] = collections.deque()  # seated workers waiting for work
         for a in agents:
             self.register(a)
 
@@ -267,16 +290,29 @@ class Runtime:
         run fails with ``usage_limit``.
         """
         self.register(agent)
-        ack = await self.store.submit(
-            owner or self.owner,
-            conversation,
-            submission_id or self.store.new_id(),
-            self._delivery(agent, message, limits),
-            dict(result_schema) if result_schema else None,
-            policy=policy,
-            limits=limits,
-        )
-        return ack
+        tag = owner or self.owner
+        sid = submission_id or self.store.new_id()
+        delivery = self._delivery(agent, message, limits)
+        schema = dict(result_schema) if result_schema else None
+        if self._idle:
+            # A claim loop of this runtime is idle: claim the run for it in the submitting
+            # transaction and hand it over (one commit less, no ready entry, no worker woken
+            # to look for it); see _IdleWorker.
+            idle = self._idle.popleft()
+            idle.reserved = True
+            idle.scope.cancel()
+            try:
+                # Shielded: a submitter cancelled after the commit would otherwise leave a
+                # run leased to a worker that never hears of it (until the lease lapses).
+                with trio.CancelScope(shield=True):
+                    ack, claim = await self.store.submit_and_claim(
+                        tag, conversation, sid, delivery, schema, worker=idle.worker, prepare=self._prepare,
+                        policy=policy, limits=limits)
+                idle.claim = claim
+            finally:
+                idle.done.set()
+            return ack
+        return await self.store.submit(tag, conversation, sid, delivery, schema, policy=policy, limits=limits)
 
     @staticmethod
     def _delivery(agent: Agent, message: str | Mapping[str, Any], limits: Mapping[str, int] | None) -> dict[str, Any]:
@@ -463,7 +499,21 @@ class Runtime:
                     await self._claimers.acquire()
                     held = True
                     continue
-                await self._wait_for_work(worker)
+                idle = _IdleWorker(worker)
+                self._idle.append(idle)
+                with idle.scope:
+                    await self._wait_for_work(worker)
+                if not idle.reserved:
+                    self._idle.remove(idle)
+                    continue
+                # A submit of this runtime took us while we waited: its transaction claims the
+                # run for us (or finds it must queue: then we look for work as usual). Shielded
+                # (one commit): a run claimed for us is then ours to drive, or to give back at
+                # once if the runtime is shutting down (Runner.execute releases it).
+                with trio.CancelScope(shield=True):
+                    await idle.done.wait()
+                if idle.claim is not None:
+                    return idle.claim
         finally:
             if held:
                 self._claimers.release()

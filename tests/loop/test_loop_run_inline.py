@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 import kv
 from kv.engine import FaultHooks
@@ -226,3 +227,39 @@ async def test_a_run_left_by_a_dead_process_is_taken_over_by_another(tmp_path):
         msgs = await rt_b.transcript("dead")
         assert msgs[2]["content"][0]["reason"] == "interrupted"
         assert (await rt_b.get_run(out.run_id)).attempt == 2
+
+
+async def test_submits_handed_to_idle_workers_queue_and_refuse_as_before():
+    """rt.submit hands a run to an idle claim loop only when it can start; a run that must
+    queue, or a refused submit, leaves the worker idle and looking for work as before."""
+    from loop import ConversationBusy
+
+    gate = trio.Event()
+
+    @tool
+    async def wait_gate() -> str:
+        """Wait."""
+        await gate.wait()
+        return "open"
+
+    agent = Agent("g", model=ScriptedModel(tool_then_answer("wait_gate", {}, "first done")), tools=[wait_gate])
+    echo = Agent("e", model="echo")
+    async with Runtime.open("memory:", workers=2, agents=[agent, echo]) as rt:
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rt._idle) == 2
+        first = await rt.submit(agent, "h", "one")
+        assert first.status == "running"
+        second = await rt.submit(echo, "h", "two")  # behind the first: queued, for the claim loops
+        assert second.status == "queued"
+        with pytest.raises(ConversationBusy):
+            await rt.submit(echo, "h", "three", policy="reject")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rt._idle) == 1  # one worker drives the first run, the other waits again
+        again = await rt.submit(agent, "h", "one", submission_id=first.submission_id)
+        assert again.duplicate and again.run_id == first.run_id
+        gate.set()
+        assert (await rt.wait(first)).result == "first done"
+        assert (await rt.wait(second)).result == "You said: two"
+        assert [r.run_id for r in await rt.runs("h")] == [first.run_id, second.run_id]
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rt._idle) == 2

@@ -52,12 +52,43 @@ async def test_tool_turn_through_run_commits_four_times_submitting_and_beginning
         assert info.status == "completed" and info.attempt == 1
 
 
-async def test_tool_turn_through_submit_commits_five_times_and_begins_with_its_claim(tmp_path):
+async def test_tool_turn_submitted_to_an_idle_worker_commits_four_times(tmp_path):
+    """rt.submit with a claim loop idle: the run is claimed for that worker in the submitting
+    commit and handed over in memory (no ready entry, no claim or wait transaction)."""
     agent = tool_agent()
-    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
+    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=2, agents=[agent]) as rt:
+        assert (await rt.run(agent, "warm", "go")).ok
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rt._idle) == 2  # both seated claim loops wait for work
+        calls = _count_claims(rt)
+        before = rt.db.engine.stats["commits"]
+        ack = await rt.submit(agent, "c1", "go")
+        assert ack.status == "running" and len(rt._idle) == 1
+        out = await rt.wait(ack)
+        assert out.ok and out.result == "done"
+        # submit + claim + user message; assistant + tool.started; tool result; final answer + settle
+        assert rt.db.engine.stats["commits"] - before == 4
+        assert calls[0] == 0
+        events = (await rt.read_events("c1")).events
+        assert [e.type for e in events[:3]] == ["run.queued", "run.started", "message.added"]
+        assert len({decode_cursor(e.cursor)[:10] for e in events[:3]}) == 1
+        info = await rt.get_run(out.run_id)
+        assert info.status == "completed" and info.attempt == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rt._idle) == 2  # the worker is back, waiting
+
+
+async def test_tool_turn_claimed_from_the_ready_index_commits_five_times_and_begins_with_its_claim(tmp_path):
+    agent = tool_agent()
+    async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=0, agents=[agent]) as rt:
         assert (await rt.run(agent, "warm", "go")).ok
         before = rt.db.engine.stats["commits"]
-        out = await rt.wait(await rt.submit(agent, "c1", "go"))
+        ack = await rt.submit(agent, "c1", "go")  # no idle worker here: into the ready index
+        assert ack.status == "queued"
+        async with trio.open_nursery() as n:
+            n.start_soon(rt.serve, 1)
+            out = await rt.wait(ack)
+            n.cancel_scope.cancel()
         assert out.ok and out.result == "done"
         # submit; claim + user message; assistant + tool.started; tool result; final answer + settle
         assert rt.db.engine.stats["commits"] - before == 5
@@ -83,12 +114,17 @@ def _count_claims(rt: Runtime) -> list[int]:
 
 
 async def test_a_submission_does_not_wake_every_idle_worker():
+    import kv
+
     agent = tool_agent()
-    async with Runtime.open("memory:", workers=16, agents=[agent]) as rt:
+    engine = kv.MemoryEngine()
+    async with Runtime.open(db=engine.database(), workers=16, agents=[agent]) as rt, \
+            Runtime.open(db=engine.database(), workers=0, agents=[agent]) as front:
         calls = _count_claims(rt)
         await trio.testing.wait_all_tasks_blocked()
         calls[0] = 0
-        assert (await rt.wait(await rt.submit(agent, "c1", "go"))).ok
+        # submitted by another runtime (no idle worker of its own): the ready index and its signal
+        assert (await rt.wait(await front.submit(agent, "c1", "go"))).ok
         await trio.testing.wait_all_tasks_blocked()
         # Only the seated claimers look (a claim each, plus one more after the run ends),
         # not all 16 idle workers.

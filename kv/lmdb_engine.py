@@ -47,6 +47,7 @@ from typing import Iterator
 import cbor2
 import lmdb
 import trio
+from trio._core import _run as _trio_run
 
 from .atomic import apply_atomic
 from .engine import Engine, FaultHooks, Mutation
@@ -64,7 +65,28 @@ _BUCKET = 510      # length of a bucket's key prefix (the long keys inside it sh
 MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
 MAX_READERS = 16_384  # distinct open read versions (transactions between two commits share one)
 SYNCS_PER_COMMIT = 2  # LMDB's durable commit: fdatasync of the data pages, then an O_DSYNC meta-page write
-INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (LmdbStore.apply)
+INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
+INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent LMDB commits took at most this long
+_COMMIT_EWMA_WEIGHT = 0.1  # weight of the newest commit in the recent-commit-time average
+
+
+def _loop_is_idle() -> bool:
+    """True if no task is runnable and no thread callback is queued on this trio loop.
+
+    ``trio.lowlevel.current_statistics()`` answers this, but also counts the
+    I/O waiters by walking every registered socket: a millisecond per commit
+    with a thousand SSE connections open. So this reads the two queues it
+    needs from the runner (trio is pinned in pyproject.toml; the sim relies on
+    its internals too), and falls back to the public call on a trio it does
+    not recognise.
+    """
+    runner = getattr(_trio_run.GLOBAL_RUN_CONTEXT, "runner", None)
+    runq = getattr(runner, "runq", None)
+    entry_queue = getattr(runner, "entry_queue", None)
+    if runq is None or entry_queue is None:
+        stats = trio.lowlevel.current_statistics()
+        return stats.tasks_runnable == 0 and stats.run_sync_soon_queue_size == 0
+    return not runq and entry_queue.size() == 0
 
 
 class DataDirectoryLocked(RuntimeError):
@@ -265,6 +287,7 @@ class LmdbStore:
         self._version = int.from_bytes(raw, "big") if raw else 0
         self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
         self._shared: _ReadTxn | None = None
+        self._commit_seconds = 0.0  # recent LMDB commit time (moving average), for can_apply_inline
         self._writer = _WriterThread(f"surefoot-lmdb-writer:{self.path.name}")
         self._closed = False
 
@@ -324,14 +347,16 @@ class LmdbStore:
         would only sit in ``epoll`` until the writer answers. So a lone
         committer (the embedded, one-request-at-a-time case) writes inline,
         and as soon as anything else could run, batches go to the thread and
-        the next batch forms meanwhile. The price: I/O arriving during an
-        inline write waits for that one LMDB commit; the engine yields
-        afterwards so it gets in before the next one.
+        the next batch forms meanwhile.
+
+        The price: I/O arriving during an inline write waits for that one
+        LMDB commit (the engine yields right after it). So inline is only for
+        a fast disk: while recent commits have taken longer than
+        ``INLINE_MAX_COMMIT_SECONDS`` (a busy or slow disk, where the hop is
+        small beside the sync anyway), every batch goes to the thread and the
+        loop stays responsive.
         """
-        if not INLINE_WHEN_IDLE:
-            return False
-        stats = trio.lowlevel.current_statistics()
-        return stats.tasks_runnable == 0 and stats.run_sync_soon_queue_size == 0
+        return INLINE_WHEN_IDLE and self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
         await self._writer.call(self.apply_sync, version, mutations)
@@ -339,6 +364,7 @@ class LmdbStore:
     def apply_sync(self, version: int, mutations: list[Mutation]) -> int:
         """One LMDB write transaction (one fsync) for the whole batch: all or nothing."""
         assert version > self._version, (version, self._version)
+        started = time.perf_counter()
         nbytes = 0
         with self.env.begin(write=True) as txn:
             for m in mutations:
@@ -361,6 +387,8 @@ class LmdbStore:
         # The context manager committed: LMDB synced the data pages, then wrote
         # the meta page synchronously (sync=True, metasync=True): two syncs.
         self._version = version
+        # One batch at a time (the engine's pipeline), so no two threads update this at once.
+        self._commit_seconds += (time.perf_counter() - started - self._commit_seconds) * _COMMIT_EWMA_WEIGHT
         self.stats["batches"] += 1
         self.stats["fsyncs"] += SYNCS_PER_COMMIT
         self.stats["bytes_written"] += nbytes

@@ -51,7 +51,16 @@ async def _set(tr, k, v):  # idempotent: plain set
     tr.set(k, v)
 
 
-async def test_lone_commits_are_written_inline_and_concurrent_ones_batched(tmp_path):
+@pytest.fixture
+def any_disk_speed(monkeypatch):
+    """Inline writes regardless of how slow this machine's syncs are right now
+    (the slow-disk fallback has its own test below)."""
+    import kv.lmdb_engine
+
+    monkeypatch.setattr(kv.lmdb_engine, "INLINE_MAX_COMMIT_SECONDS", 3600.0)
+
+
+async def test_lone_commits_are_written_inline_and_concurrent_ones_batched(tmp_path, any_disk_speed):
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         stats = db.engine.stats
         for i in range(20):
@@ -78,7 +87,7 @@ async def test_lone_commits_are_written_inline_and_concurrent_ones_batched(tmp_p
         assert len(await tr.get_range(b"w/", b"w0")) == 320
 
 
-async def test_a_loop_of_inline_commits_still_lets_io_in(tmp_path):
+async def test_a_loop_of_inline_commits_still_lets_io_in(tmp_path, any_disk_speed):
     """A task waiting on I/O is not runnable when a lone commit starts (so the
     write is inline), but the commit yields afterwards, so the I/O is served
     between commits rather than after the whole loop."""
@@ -113,3 +122,43 @@ async def test_a_loop_of_inline_commits_still_lets_io_in(tmp_path):
     finally:
         a.close()
         reader_sock.close()
+
+
+async def test_the_idle_check_agrees_with_trios_public_statistics():
+    from kv.lmdb_engine import _loop_is_idle
+
+    def public() -> bool:
+        stats = trio.lowlevel.current_statistics()
+        return stats.tasks_runnable == 0 and stats.run_sync_soon_queue_size == 0
+
+    assert _loop_is_idle() is public() is True
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 0)  # runnable, not yet run
+        assert _loop_is_idle() is public() is False
+    trio.lowlevel.current_trio_token().run_sync_soon(lambda: None)  # a queued callback
+    assert _loop_is_idle() is public() is False
+    await trio.sleep(0.01)
+    assert _loop_is_idle() is public() is True
+
+
+async def test_a_slow_disk_sends_lone_commits_to_the_writer_thread(tmp_path):
+    """While recent LMDB commits are slow, even a lone commit keeps the loop
+    free (writer thread); when they are fast again, it is inline again."""
+    from kv.lmdb_engine import INLINE_MAX_COMMIT_SECONDS
+
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        store, stats = db.engine.store, db.engine.stats
+
+        async def lone_commit(i: int) -> None:
+            tr = db.create_transaction()
+            tr.set(b"k%03d" % i, b"v")
+            await tr.commit()
+
+        store._commit_seconds = 100 * INLINE_MAX_COMMIT_SECONDS  # as after a run of slow syncs
+        inline0 = stats["inline_batches"]
+        await lone_commit(0)
+        assert stats["inline_batches"] == inline0  # written by the thread
+        assert store._commit_seconds < 100 * INLINE_MAX_COMMIT_SECONDS  # and the average moved
+        store._commit_seconds = 0.0  # fast again
+        await lone_commit(1)
+        assert stats["inline_batches"] == inline0 + 1

@@ -67,3 +67,13 @@ def test_turns_bench_reports_the_issue_figures():
     # a turn is at least its durable acknowledgement and its tool-call record
     assert fig["commits_per_turn"] >= 2
     assert isinstance(fig["target_seq_p50_met"], bool) and isinstance(fig["target_conc32_met"], bool)
+
+
+def test_server_bench_reports_the_issue_figures():
+    fig = run_bench("bench_server.py", "--quick", timeout=280)
+    _positive(fig, "acks_per_s", "bare_202_per_s", "ack_ratio", "fanout_p50_ms", "fanout_p99_ms",
+              "kib_per_idle_sse")
+    assert fig["ack_clients"] == 64
+    assert fig["fanout_all_received"] is True  # every follower got every event, even in the smoke run
+    assert fig["fanout_followers_complete"] == fig["followers"]
+    assert isinstance(fig["all_targets_met"], bool)

@@ -80,6 +80,13 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
             expect(len(runs_by_conv[conv]) == len(subs), "no_phantom_runs", 1,
                    f"{conv}: {len(runs_by_conv[conv])} runs for {len(subs)} submissions")
         infos = {i.run_id: i for runs in runs_by_conv.values() for i in runs}
+        events_of: dict[str, list[Any]] = {}  # conversation -> its whole journal (read once)
+
+        async def journal_of(conv: str) -> list[Any]:
+            if conv not in events_of:
+                events_of[conv] = await _all_events(rt, conv)
+            return events_of[conv]
+
         for sub, run_id in sorted(sc.run_of.items()):
             info = infos.get(run_id) or await rt.get_run(run_id)
             expect(info.status in ("completed", "failed", "cancelled"), "every_ack_settles", 1,
@@ -92,7 +99,7 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
             ceiling = ((turn.limits or {}) if turn is not None else {}).get("max_total_tokens")
             if ceiling is not None:
                 used = sum(int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))
-                           for e in await _all_events(rt, info.conversation)
+                           for e in await journal_of(info.conversation)
                            if e.type == "usage.updated" and (e.data or {}).get("run_id") == run_id
                            for u in [(e.data or {}).get("usage") or {}])
                 expect(used <= ceiling, "usage_within_ceiling", 10,
@@ -109,14 +116,17 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         # ---- promise 5: the settle write came from the run's latest lease (fencing token)
         ledger = getattr(rt.store, "ledger", None)
         read_run = getattr(ledger, "_run", None)  # private record: the token that settled vs the latest claim
-        for run_id in sorted(sc.run_of.values()):
-            if read_run is None:
-                break
-            rec = await checker.db.transact(lambda tr: read_run(tr, run_id))  # read-only
-            tok, claims = rec.get("settled_token"), rec.get("claims")
-            if tok is not None and claims is not None:
-                expect(tok == claims, "no_stale_lease_writes", 5,
-                       f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
+        if read_run is not None:
+            run_ids = sorted(sc.run_of.values())
+
+            async def read_all(tr: Any) -> list[dict[str, Any]]:  # read-only
+                return [await read_run(tr, run_id) for run_id in run_ids]
+
+            for run_id, rec in zip(run_ids, await checker.db.transact(read_all)):
+                tok, claims = rec.get("settled_token"), rec.get("claims")
+                if tok is not None and claims is not None:
+                    expect(tok == claims, "no_stale_lease_writes", 5,
+                           f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
 
         # ---- promise 3: effects counted outside the process
         for key, n in sorted(world.effects.items()):
@@ -124,7 +134,7 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
 
         for conv in sc.conversations:
             msgs = await rt.transcript(conv)
-            events = await _all_events(rt, conv)
+            events = await journal_of(conv)
             _check_transcript(checker, conv, msgs, world.effects)
             _check_journal(checker, conv, events, sc.followed.get(conv))
             trimmed = sc.journal_retention is not None  # older events may be gone: check what is retained

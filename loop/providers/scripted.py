@@ -169,18 +169,23 @@ class ScriptedModel:
         name: str = "scripted",
         chunk: int = DEFAULT_CHUNK,
         delay: float = 0.0,
+        record: bool = True,
     ) -> None:
         assert chunk > 0 and delay >= 0
         self._script = script
         self.name = name
         self.chunk = chunk
         self.delay = delay
+        # What each call was sent, for tests; ``record=False`` keeps nothing (a long-running
+        # benchmark would otherwise hold every context it ever sent).
+        self.record = record
         self.calls: list[dict[str, Any]] = []
+        self.n_calls = 0
 
     def _next(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> ScriptItem:
         if callable(self._script):
             return self._script(messages, tools)
-        n = len(self.calls) - 1
+        n = self.n_calls - 1
         if n >= len(self._script):
             raise PermanentProviderError(f"script exhausted after {len(self._script)} calls", provider=self.name)
         return self._script[n]
@@ -193,7 +198,9 @@ class ScriptedModel:
         tools: Sequence[ToolSpec],
         max_tokens: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
-        self.calls.append({"system": system, "messages": list(messages), "tools": list(tools)})
+        self.n_calls += 1
+        if self.record:
+            self.calls.append({"system": system, "messages": list(messages), "tools": list(tools)})
         item = self._next(messages, tools)
         if isinstance(item, str):
             item = Reply(item)

@@ -60,7 +60,9 @@ def make_agent() -> Agent:
             return "done"
         return reply("", tool_call("noop"))
 
-    return Agent("bench", "Benchmark agent.", ScriptedModel(script, chunk=4096), tools=[noop])
+    # record=False: a real provider keeps no history of its calls; the test double would
+    # otherwise hold every context it was sent (a growing heap the collector keeps scanning)
+    return Agent("bench", "Benchmark agent.", ScriptedModel(script, chunk=4096, record=False), tools=[noop])
 
 
 def _one_write(i: int):

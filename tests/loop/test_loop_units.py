@@ -442,3 +442,18 @@ def test_loop_keys_are_the_tuple_encoding():
     for run_id in ("abc", "x\x00y", "é" * 40):
         assert k.state(run_id) == k.base.pack(("r", run_id))
         assert k.parked(run_id) == k.base.pack(("p", run_id))
+
+
+async def test_scripted_model_without_recording_still_plays_its_script_in_order():
+    from loop import ScriptedModel
+    from loop import messages as M
+    from loop.providers.base import TextDelta
+
+    m = ScriptedModel(["one", "two"], record=False)
+    texts = []
+    for _ in range(2):
+        parts = [ev.text async for ev in m.stream(system="s", messages=[M.user("hi")], tools=[])
+                 if isinstance(ev, TextDelta)]
+        texts.append("".join(parts))
+    assert texts == ["one", "two"]
+    assert m.n_calls == 2 and m.calls == []

@@ -2,7 +2,9 @@
 
 Runs every scenario exhaustively (a crash before and after every write) plus random BUGGIFY seeds,
 and prints one JSON line: runs/s and crash points/s by wall clock and per CPU-second (the machine
-is shared, so the CPU figure is the comparable one), against the target of >= 100 cycles/s on one core.
+is shared, so the CPU figure is the comparable one), cycles (runs: boot, faults, crash, restart,
+recovery to quiescence, every invariant checked) per CPU-second and per wall-second, and whether
+the target of >= 100 cycles/s on one core (judged per CPU-second) was met.
 
     python tests/bench/bench_sim.py [--random-runs N] [--seed S]
 """
@@ -34,10 +36,14 @@ def main() -> None:
         "scenarios": len(names),
         "exhaustive": {k: v for k, v in ex.figures().items() if k != "trace"},
         "random": {k: v for k, v in rnd.figures().items() if k != "trace"},
+        "cycles": ex.runs + rnd.runs,
         "cycles_per_cpu_s": round((ex.runs + rnd.runs) / (ex.cpu_seconds + rnd.cpu_seconds), 1),
+        "cycles_per_wall_s": round((ex.runs + rnd.runs) / (ex.wall_seconds + rnd.wall_seconds), 1),
         "target_cycles_per_s": TARGET_CYCLES_PER_S,
     }
     fig["ratio_to_target"] = round(fig["cycles_per_cpu_s"] / TARGET_CYCLES_PER_S, 3)
+    # The target is per core: judged on CPU time (the machine is shared, wall time is noisy).
+    fig["target_met"] = fig["cycles_per_cpu_s"] >= TARGET_CYCLES_PER_S
     print(json.dumps(fig))
 
 

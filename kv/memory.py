@@ -54,11 +54,21 @@ class _MemorySnapshot:
         out: list[tuple[bytes, bytes]] = []
         if begin >= end:
             return out
-        get = self.get
+        # get() inlined: range reads (journal pages, claim windows) are a hot path of the simulator.
+        hists = self._store._hist
+        v = self.version
+        append = out.append
         for k in self._store._keys.irange(begin, end, inclusive=(True, False), reverse=reverse):
-            val = get(k)
+            hist = hists[k]
+            ver, val = hist[-1]
+            if ver > v:
+                val = None
+                for ver, old in reversed(hist):
+                    if ver <= v:
+                        val = old
+                        break
             if val is not None:
-                out.append((k, val))
+                append((k, val))
                 if limit and len(out) >= limit:
                     break
         return out
@@ -118,11 +128,21 @@ class MemoryStore:
         assert version > self._version, (version, self._version)
         touched: list[bytes] = []
         nbytes = 0
+        hists = self._hist
         for m in mutations:
             kind = m[0]
-            if kind == "set":
-                self._put(version, m[1], m[2], touched)
-                nbytes += len(m[1]) + len(m[2])
+            if kind == "set":  # the common case, _put inlined
+                key, value = m[1], m[2]
+                hist = hists.get(key)
+                if hist is None:
+                    hists[key] = [(version, value)]
+                    self._keys.add(key)
+                elif hist[-1][0] == version:
+                    hist[-1] = (version, value)
+                else:
+                    hist.append((version, value))
+                touched.append(key)
+                nbytes += len(key) + len(value)
             elif kind == "clear":
                 for k in list(self._keys.irange(m[1], m[2], inclusive=(True, False))):
                     if self._latest(k) is not None:

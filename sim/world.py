@@ -447,9 +447,10 @@ class World:
                 if self.processes[name] is proc:
                     await self._booted.setdefault(name, trio.Event()).wait()
                 continue
-            await proc.ready.wait()
-            if proc.dead:
-                continue
+            if not proc.ready.is_set():  # (Event.wait is a schedule point even when set: skip it)
+                await proc.ready.wait()
+                if proc.dead:
+                    continue
             break
         result: Any = None
         finished = False

@@ -501,8 +501,15 @@ class Runtime:
                     continue
                 idle = _IdleWorker(worker)
                 self._idle.append(idle)
-                with idle.scope:
-                    await self._wait_for_work(worker)
+                try:
+                    with idle.scope:
+                        await self._wait_for_work(worker)
+                except BaseException:  # cancelled (the runtime or serve() stopping): never offered again
+                    if not idle.reserved:
+                        self._idle.remove(idle)
+                    else:
+                        await self._hand_back(idle)
+                    raise
                 if not idle.reserved:
                     self._idle.remove(idle)
                     continue
@@ -517,6 +524,17 @@ class Runtime:
         finally:
             if held:
                 self._claimers.release()
+
+    async def _hand_back(self, idle: _IdleWorker) -> None:
+        """A worker stopping after a submit took it: give back a run claimed for it, so the
+        next claim resumes it at once (as a runner stopping at shutdown does)."""
+        with trio.CancelScope(shield=True):
+            await idle.done.wait()
+            if idle.claim is not None and self.release_on_shutdown:
+                try:
+                    await self.store.release(idle.claim)
+                except Exception:  # noqa: BLE001 — best effort: the lease lapses anyway
+                    log.debug("run %s: release after a stopped handover failed", idle.claim.run_id)
 
     async def _wait_for_work(self, worker: str) -> None:
         # Woken by the ledger's ready signal (any process), the earliest lease

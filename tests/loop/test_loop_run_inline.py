@@ -263,3 +263,47 @@ async def test_submits_handed_to_idle_workers_queue_and_refuse_as_before():
         assert [r.run_id for r in await rt.runs("h")] == [first.run_id, second.run_id]
         await trio.testing.wait_all_tasks_blocked()
         assert len(rt._idle) == 2
+
+
+async def test_a_stopped_claim_loop_is_never_handed_a_run():
+    agent = Agent("e", model="echo")
+    async with Runtime.open("memory:", workers=0, agents=[agent]) as rt:
+        async with trio.open_nursery() as n:
+            n.start_soon(rt.serve, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(rt._idle) == 1
+            n.cancel_scope.cancel()
+        assert len(rt._idle) == 0  # it left the offer when it stopped
+        ack = await rt.submit(agent, "s", "hi")
+        assert ack.status == "queued"  # into the ready index, for whoever claims next
+        async with trio.open_nursery() as n:
+            n.start_soon(rt.serve, 1)
+            assert (await rt.wait(ack)).result == "You said: hi"
+            n.cancel_scope.cancel()
+
+
+async def test_a_claim_loop_stopped_while_a_submit_hands_it_a_run_gives_the_run_back():
+    """The handover is one shielded commit: if the worker's runtime task is cancelled meanwhile,
+    the run claimed for it is released (not left to a lease that would take a minute to lapse)."""
+    agent = Agent("e", model="echo")
+    async with Runtime.open("memory:", workers=0, agents=[agent], lease_seconds=60) as rt:
+        acks = []
+        async with trio.open_nursery() as n:
+            n.start_soon(rt.serve, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(rt._idle) == 1
+
+            async def submit():
+                acks.append(await rt.submit(agent, "r", "hi"))
+
+            n.start_soon(submit)
+            await trio.sleep(0)  # the submit takes the worker and starts its commit...
+            n.cancel_scope.cancel()  # ...and the claim loops stop meanwhile
+        assert len(acks) == 1 and acks[0].status == "running"  # claimed for the stopped worker
+        info = await rt.get_run(acks[0].run_id)
+        assert info.status in ("queued", "completed")  # given back (or finished), not held
+        with trio.fail_after(5):  # far less than the 60 s lease
+            async with trio.open_nursery() as n:
+                n.start_soon(rt.serve, 1)
+                assert (await rt.wait(acks[0])).result == "You said: hi"
+                n.cancel_scope.cancel()

@@ -159,20 +159,20 @@ class VirtualClock(trio.abc.Clock):
     pinned trio range).
 
     :meth:`sleep` is ``trio.sleep`` for the simulation's own waits (network
-    latency on most kv requests): the task parks on this clock's heap and
-    :class:`_WakeSleepers` reschedules it in the tick its deadline passes —
-    the tick in which trio would have expired a ``trio.sleep``'s cancel scope
-    (trio sorts each tick's batch by task before the seeded shuffle, so the
-    order of wake-ups within a tick does not matter) — without a cancel scope,
-    a deadline registration and a ``Cancelled`` raised and caught per sleep.
-    Traces are byte-identical to MockClock with ``trio.sleep``.
+    latency on most kv requests): the task parks on this clock's heap, and
+    the jump that reaches its deadline reschedules it — into the tick in
+    which trio would have expired a ``trio.sleep``'s cancel scope (time only
+    moves in the jump; trio sorts each tick's batch by task before the seeded
+    shuffle, so the order of wake-ups within a tick does not matter) —
+    without a cancel scope, a deadline registration and a ``Cancelled``
+    raised and caught per sleep.  Traces are byte-identical to MockClock with
+    ``trio.sleep``.
     """
 
     def __init__(self) -> None:
         self._now = 0.0
         self._sleepers: list[tuple[float, int, list[Any]]] = []  # (deadline, seq, [task or None])
         self._seq = 0
-        self.instrument = _WakeSleepers(self)
 
     def start_clock(self) -> None:
         pass
@@ -191,35 +191,25 @@ class VirtualClock(trio.abc.Clock):
             entry = _trio_run.GLOBAL_RUN_CONTEXT.runner.entry_queue
             if not (entry.queue or entry.idempotent_queue):
                 self._now += jump  # MockClock.jump's arithmetic: the same floats, so the same expiries
+                now = self._now
+                while sleepers and sleepers[0][0] <= now:  # due: into this tick's batch
+                    cell = heapq.heappop(sleepers)[2]
+                    task = cell[0]
+                    if task is not None:
+                        cell[0] = None
+                        trio.lowlevel.reschedule(task)
         return 0.0
 
     async def sleep(self, seconds: float) -> None:
         """``trio.sleep(seconds)`` (a checkpoint; cancellable), for ``seconds > 0``."""
+        deadline = self._now + seconds
+        if deadline <= self._now:  # too small to move the clock: trio.sleep's scope would expire at once
+            await trio.lowlevel.checkpoint()
+            return
         cell: list[Any] = [trio.lowlevel.current_task()]
-        heapq.heappush(self._sleepers, (self._now + seconds, self._seq, cell))
+        heapq.heappush(self._sleepers, (deadline, self._seq, cell))
         self._seq += 1
         await trio.lowlevel.wait_task_rescheduled(_abort_sleep(cell))
-
-
-class _WakeSleepers(trio.abc.Instrument):
-    """Reschedules the clock's sleepers whose deadline has passed, once per scheduler tick.
-
-    ``after_io_wait`` runs every tick just before trio expires its own
-    deadlines and forms the tick's batch of runnable tasks.
-    """
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-
-    def after_io_wait(self, timeout: float) -> None:
-        sleepers = self.clock._sleepers
-        now = self.clock._now
-        while sleepers and sleepers[0][0] <= now:
-            cell = heapq.heappop(sleepers)[2]
-            task = cell[0]
-            if task is not None:
-                cell[0] = None
-                trio.lowlevel.reschedule(task)
 
 
 class Trace:
@@ -491,7 +481,7 @@ class World:
             self.finished_at = self.now()
 
         with deterministic_process_state(self):
-            trio.run(entry, clock=self.clock, instruments=[self.clock.instrument], strict_exception_groups=True)
+            trio.run(entry, clock=self.clock, strict_exception_groups=True)
         self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
 
 

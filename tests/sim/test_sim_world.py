@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+import trio.testing
 from trio._core import _run as trio_run
 
 import kv
@@ -150,3 +151,34 @@ def test_a_run_that_never_quiesces_is_a_liveness_failure():
 
     r = run_once(Stuck, 1)
     assert [v.invariant for v in r.violations] == ["quiescence"]
+
+
+def test_virtual_clock_keeps_mockclock_time_and_its_sleep_matches_trio_sleep():
+    """The world's clock jumps like MockClock(autojump_threshold=0); its cheap sleep wakes when
+    trio.sleep would, and is cancellable like it."""
+    from sim.world import VirtualClock
+
+    def program(clock_sleep):
+        log = []
+
+        async def main():
+            async def sleeper(name, delays):
+                for d in delays:
+                    await clock_sleep(d)
+                    log.append((name, trio.current_time()))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(sleeper, "a", [0.3, 0.001, 1e-9])
+                n.start_soon(sleeper, "b", [0.1, 0.2, 0.5])
+                with trio.move_on_after(0.25) as cs:
+                    await clock_sleep(10)
+                log.append(("cancelled", cs.cancelled_caught, trio.current_time()))
+            return log
+
+        return main
+
+    mock = trio.run(program(trio.sleep), clock=trio.testing.MockClock(autojump_threshold=0))
+    vc = VirtualClock()
+    virtual = trio.run(program(lambda d: vc.sleep(d)), clock=vc)
+    assert len(virtual) == 7 and sorted(virtual) == sorted(mock)
+    assert ("cancelled", True, 0.25) in virtual and ("b", 0.8) in virtual

@@ -154,14 +154,25 @@ class _Overlay:
             _, op, key, param = m
             self.writes[key] = apply_atomic(op, self.get(key), param)
 
-    def range(self, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
-        keys = set(self.base.irange(begin, end, inclusive=(True, False)))
+    def range(self, begin: bytes, end: bytes, limit: int = 0, reverse: bool = False) -> list[tuple[bytes, bytes]]:
+        """The rows in [begin, end) (the first ``limit`` of them, 0 = all, in the order asked)."""
+        base = self.base
+        if not self.writes and not self.clears:  # the common case: reads come before writes
+            out = []
+            for k in base.irange(begin, end, inclusive=(True, False), reverse=reverse):
+                out.append((k, base[k]))
+                if len(out) == limit:
+                    break
+            return out
+        keys = set(base.irange(begin, end, inclusive=(True, False)))
         keys.update(k for k in self.writes if begin <= k < end)
         out = []
-        for k in sorted(keys):
+        for k in sorted(keys, reverse=reverse):
             v = self.get(k)
             if v is not None:
                 out.append((k, v))
+                if len(out) == limit:
+                    break
         return out
 
 
@@ -243,11 +254,7 @@ class Oracle:
                 return f"get {key!r} saw {seen!r}, serial order gives {want!r}"
         elif kind == "range":
             _, _, begin, end, limit, reverse, seen = entry
-            rows = ov.range(begin, end)
-            if reverse:
-                rows.reverse()
-            if limit:
-                rows = rows[:limit]
+            rows = ov.range(begin, end, limit, reverse)
             if rows != seen:
                 return f"get_range [{begin!r}, {end!r}) saw {len(seen)} rows, serial order gives {len(rows)} (or other values)"
         elif kind == "key":
@@ -266,10 +273,10 @@ def _resolve_selector(ov: _Overlay, ref: bytes, or_equal: bool, offset: int) -> 
     if offset <= 0:
         hi = key_after(ref) if or_equal else ref
         need = 1 - offset
-        rows = list(reversed(ov.range(b"", hi))) if hi > b"" else []
+        rows = ov.range(b"", hi, need, reverse=True) if hi > b"" else []
         return rows[need - 1][0] if len(rows) >= need else b""
     lo = key_after(ref) if or_equal else ref
-    rows = ov.range(lo, _SYSTEM) if lo < _SYSTEM else []
+    rows = ov.range(lo, _SYSTEM, offset) if lo < _SYSTEM else []
     return rows[offset - 1][0] if len(rows) >= offset else _SYSTEM
 
 

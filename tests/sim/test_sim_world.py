@@ -182,3 +182,34 @@ def test_virtual_clock_keeps_mockclock_time_and_its_sleep_matches_trio_sleep():
     virtual = trio.run(program(lambda d: vc.sleep(d)), clock=vc)
     assert len(virtual) == 7 and sorted(virtual) == sorted(mock)
     assert ("cancelled", True, 0.25) in virtual and ("b", 0.8) in virtual
+
+
+def test_oracle_overlay_ranges_match_a_brute_force_model():
+    """The oracle replays range reads with limit/direction shortcuts; they must give what a plain
+    dict of the same state gives."""
+    from sortedcontainers import SortedDict
+
+    from sim.oracle import _Overlay
+
+    r = random.Random(7)
+    for _ in range(2000):
+        state = {bytes([r.randrange(20)]): b"v%d" % r.randrange(9) for _ in range(r.randrange(15))}
+        ov = _Overlay(SortedDict(state))
+        for _ in range(r.randrange(4)):
+            a, z = sorted([bytes([r.randrange(20)]), bytes([r.randrange(20)])])
+            c = r.random()
+            if c < 0.5:
+                ov.apply(("set", a, b"w"))
+                state[a] = b"w"
+            elif c < 0.8:
+                ov.apply(("clear", a, z))
+                state = {k: v for k, v in state.items() if not a <= k < z}
+            else:
+                ov.apply(("atomic", kv.atomic.ADD, a, b"\x01"))
+                state[a] = kv.atomic.apply_atomic(kv.atomic.ADD, state.get(a), b"\x01")
+        b, e = sorted([bytes([r.randrange(21)]), bytes([r.randrange(21)])])
+        limit, reverse = r.choice([0, 1, 2, 5]), r.random() < 0.5
+        want = sorted((k, v) for k, v in state.items() if b <= k < e)
+        if reverse:
+            want.reverse()
+        assert ov.range(b, e, limit, reverse) == (want[:limit] if limit else want)

@@ -68,7 +68,7 @@ class Store(Protocol):
 
     def apply_sync(self, version: int, mutations: list[Mutation]) -> int | None:
         """``apply`` on the calling thread. A store may also offer
-        ``can_apply_inline() -> bool``: whether the engine may call this on
+        ``can_apply_inline(mutations: int) -> bool``: whether the engine may call this on
         the event loop right now (see ``LmdbStore.can_apply_inline``), and
         ``checkpoint_after_inline: bool`` (default True): whether the commit
         then yields to the scheduler."""
@@ -228,7 +228,7 @@ class Engine:
         self.resolver = Resolver()
         # A store that can write synchronously may say when (``can_apply_inline``)
         # and whether the engine should yield after such a write.
-        self._can_apply_inline: Callable[[], bool] = getattr(store, "can_apply_inline", lambda: False)
+        self._can_apply_inline: Callable[[int], bool] = getattr(store, "can_apply_inline", lambda n: False)
         self._checkpoint_after_inline: bool = getattr(store, "checkpoint_after_inline", True)
         self._last_version = store.committed_version()
         self._max_read_version = self._last_version
@@ -298,7 +298,7 @@ class Engine:
                 inline = False
                 try:
                     batch = self._take_batch()
-                    if batch and self._can_apply_inline():
+                    if batch and self._can_apply_inline(sum(len(r.mutations) for r in batch)):
                         # Nothing else could run meanwhile: resolve, write and
                         # finish without a thread hop or a cancel scope (no
                         # await happens in between, so nothing can cancel it).

@@ -67,6 +67,7 @@ MAX_READERS = 16_384  # distinct open read versions (transactions between two co
 SYNCS_PER_COMMIT = 2  # LMDB's durable commit: fdatasync of the data pages, then an O_DSYNC meta-page write
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent LMDB commits took at most this long
+INLINE_ALWAYS_ABOVE_MUTATIONS = 512  # a batch this big is written inline even on a busy loop (GIL convoy)
 _COMMIT_EWMA_WEIGHT = 0.1  # weight of the newest commit in the recent-commit-time average
 
 
@@ -337,8 +338,8 @@ class LmdbStore:
         if read.refs == 0 and read is not self._shared:
             read.txn.abort()
 
-    def can_apply_inline(self) -> bool:
-        """Whether the engine may write the next batch on the loop thread now.
+    def can_apply_inline(self, mutations: int) -> bool:
+        """Whether the engine may write the next batch (``mutations`` long) on the loop thread now.
 
         Why inline at all: handing a batch to the writer thread and back
         costs two cross-thread wake-ups (~0.3 ms measured here, most of what
@@ -347,16 +348,29 @@ class LmdbStore:
         would only sit in ``epoll`` until the writer answers. So a lone
         committer (the embedded, one-request-at-a-time case) writes inline,
         and as soon as anything else could run, batches go to the thread and
-        the next batch forms meanwhile.
+        the next batch forms meanwhile. ("Runnable" is trio's run queue: a
+        task later in the scheduling batch that is running now is not in it,
+        and waits for the one inline write.)
 
         The price: I/O arriving during an inline write waits for that one
         LMDB commit (the engine yields right after it). So inline is only for
         a fast disk: while recent commits have taken longer than
         ``INLINE_MAX_COMMIT_SECONDS`` (a busy or slow disk, where the hop is
-        small beside the sync anyway), every batch goes to the thread and the
-        loop stays responsive.
+        small beside the sync anyway), batches go to the thread and the loop
+        stays responsive.
+
+        Except a big batch, which is always written inline: py-lmdb releases
+        and retakes the GIL around every single ``put``, and while the loop
+        thread is busy each retake waits for the loop to let go (a convoy:
+        20,000 puts took 0.67 s instead of 0.018 s beside a busy loop here,
+        and a 100,000-message fork copy made no visible progress for
+        minutes). Blocking the loop for one big write is far cheaper.
         """
-        return INLINE_WHEN_IDLE and self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()
+        if not INLINE_WHEN_IDLE:
+            return False
+        if mutations > INLINE_ALWAYS_ABOVE_MUTATIONS:
+            return True
+        return self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
         await self._writer.call(self.apply_sync, version, mutations)

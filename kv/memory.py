@@ -121,7 +121,7 @@ class MemoryStore:
     # decide where transactions interleave, stay exactly as they were.
     checkpoint_after_inline = False
 
-    def can_apply_inline(self) -> bool:
+    def can_apply_inline(self, mutations: int) -> bool:
         return True
 
     def apply_sync(self, version: int, mutations: list[Mutation]) -> None:

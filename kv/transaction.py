@@ -605,14 +605,26 @@ class Transaction:
         self._size += 2 * len(key) + 1
 
     def set(self, key: bytes, value: bytes) -> None:
-        self._check_usable()
-        _check_write_key(key)
-        _check_value(value)
-        key, value = bytes(key), bytes(value)
+        # The most frequent call of every layer, so the common case (usable,
+        # plain bytes within the limits) is tested in one expression; anything
+        # else takes the full checks, which raise the precise error.
+        if (
+            self._cancelled or self._committing or self._committed_version is not None
+            or self._timeout is not None or type(key) is not bytes or type(value) is not bytes
+            or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(value) > VALUE_SIZE_LIMIT
+        ):
+            self._check_usable()
+            _check_write_key(key)
+            _check_value(value)
+            key, value = bytes(key), bytes(value)
         self._writes[key] = (_SET, value)
         self._mutations.append(("set", key, value))
-        self._size += len(key) + len(value)
-        self._add_write_point(key)
+        if self._next_write_no_conflict:
+            self._next_write_no_conflict = False
+            self._size += len(key) + len(value)
+        else:
+            self._write_points.append(key)
+            self._size += 3 * len(key) + len(value) + 1  # the key, its value, its write conflict range
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.set(key, value)

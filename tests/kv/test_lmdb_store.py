@@ -162,3 +162,39 @@ async def test_a_slow_disk_sends_lone_commits_to_the_writer_thread(tmp_path):
         store._commit_seconds = 0.0  # fast again
         await lone_commit(1)
         assert stats["inline_batches"] == inline0 + 1
+
+
+async def test_a_big_batch_is_written_inline_even_beside_a_busy_loop(tmp_path, monkeypatch):
+    """py-lmdb retakes the GIL after every put; beside a busy loop thread each
+    retake waits, so a big batch on the writer thread crawled (a fork copy made
+    no progress for minutes). Big batches are written inline instead."""
+    import kv.lmdb_engine
+    from kv.lmdb_engine import INLINE_ALWAYS_ABOVE_MUTATIONS
+
+    # As on a slow disk: the idle rule never applies, only the size rule can.
+    monkeypatch.setattr(kv.lmdb_engine, "INLINE_MAX_COMMIT_SECONDS", -1.0)
+
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        stats = db.engine.stats
+        stop = False
+
+        async def busy() -> None:
+            while not stop:
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(busy)
+            await trio.sleep(0)
+            inline0 = stats["inline_batches"]
+            small = db.create_transaction()
+            small.set(b"small", b"v")
+            await small.commit()
+            assert stats["inline_batches"] == inline0  # a small batch goes to the thread
+            big = db.create_transaction()
+            for i in range(INLINE_ALWAYS_ABOVE_MUTATIONS + 1):
+                big.set(b"big/%05d" % i, b"v" * 20)
+            await big.commit()
+            assert stats["inline_batches"] == inline0 + 1
+            stop = True
+        tr = db.create_transaction()
+        assert len(await tr.get_range(b"big/", b"big0")) == INLINE_ALWAYS_ABOVE_MUTATIONS + 1

@@ -473,7 +473,10 @@ class Ledger:
             now = self.clock()
             now_us = int(now * 1e6)
             xr = self.keys.expiry_range()
-            rows = await tr.snapshot.get_range(xr.start, self.keys.expiry(now_us, ""), limit=CLAIM_WINDOW)
+            # A lease is over from its expiry microsecond on: the scan includes
+            # now_us itself (wait_for_work wakes exactly then, so excluding it made
+            # a worker claim and wait in a loop with time standing still).
+            rows = await tr.snapshot.get_range(xr.start, self.keys.expiry(now_us + 1, ""), limit=CLAIM_WINDOW)
             kind = "lx"
             if not rows:
                 rr = self.keys.ready_range()

@@ -153,6 +153,22 @@ async def test_lease_expiry_takeover_and_stale_worker_fails(db, clock):
     assert not any(e.data.get("from") == "A" for e in (await s.journal.read(OWNER, "c")).events)
 
 
+async def test_a_lease_is_claimable_from_its_expiry_microsecond_on(db, clock):
+    """wait_for_work wakes a worker exactly at the first lease expiry: the
+    claim it then makes must find that lease (a busy claim/wait loop with
+    time standing still otherwise, as the simulator's clock showed)."""
+    s, L = make(db, clock)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    a = await L.claim("A", lease_seconds=10)
+    clock.t = a.expires_at - 1e-6
+    assert await L.claim("B", lease_seconds=10) is None  # one microsecond before: still A's
+    clock.t = a.expires_at
+    with trio.fail_after(1):
+        await L.wait_for_work(max_wait=5)  # returns at once: the expiry is now
+    b = await L.claim("B", lease_seconds=10)
+    assert b is not None and b.run_id == ack.run_id and b.token == a.token + 1
+
+
 async def test_stale_worker_racing_a_takeover_conflicts_then_loses(db, clock):
     s, L = make(db, clock)
     await L.submit("k", {}, None, owner=OWNER, conversation="c")

@@ -77,3 +77,13 @@ def test_server_bench_reports_the_issue_figures():
     assert fig["fanout_all_received"] is True  # every follower got every event, even in the smoke run
     assert fig["fanout_followers_complete"] == fig["followers"]
     assert isinstance(fig["all_targets_met"], bool)
+
+
+def test_sim_bench_reports_the_issue_figures():
+    fig = run_bench("bench_sim.py", "--random-runs", "5")
+    assert fig["scenarios"] >= 10
+    for mode in ("exhaustive", "random"):
+        _positive(fig[mode], "runs", "runs_per_s", "runs_per_cpu_s", "crash_points_per_s")
+        assert fig[mode]["failures"] == 0
+    _positive(fig, "cycles_per_cpu_s", "cycles_per_wall_s")
+    assert isinstance(fig["target_met"], bool)

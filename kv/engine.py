@@ -304,7 +304,7 @@ class Engine:
                         # await happens in between, so nothing can cancel it).
                         inline = True
                         self.stats["inline_batches"] += 1
-                        self._write_batch_inline(batch)
+                        await self._write_one_batch(batch, inline=True)
                     elif batch:
                         with trio.CancelScope(shield=True):
                             await self._write_one_batch(batch)
@@ -399,33 +399,26 @@ class Engine:
             req.done = True
             _wake(req)
 
-    def _write_batch_inline(self, batch: list[CommitRequest]) -> None:
-        """The whole batch on this thread, for a store that can write synchronously now."""
-        version, accepted, mutations = self._resolve(batch)
-        try:
-            failures = {}
-            if accepted:
-                self.hooks.before_apply(version, accepted)
-                self.store.apply_sync(version, mutations)
-                failures = self._applied(version, accepted, mutations)
-        except BaseException as exc:
-            self._fail(batch, version, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self._deliver(batch, version, failures)
+    async def _write_one_batch(self, batch: list[CommitRequest], inline: bool = False) -> None:
+        """Resolve, apply and answer ``batch``.
 
-    async def _write_one_batch(self, batch: list[CommitRequest]) -> None:
+        ``inline``: the store writes it synchronously (``apply_sync``), so
+        this coroutine never suspends and nothing can cancel it half-way;
+        otherwise the caller shields it while ``store.apply`` waits.
+        """
         version, accepted, mutations = self._resolve(batch)
         try:
             failures = {}
             if accepted:
                 self.hooks.before_apply(version, accepted)
-                self._applying_version = version
-                try:
-                    await self.store.apply(version, mutations)
-                finally:
-                    self._applying_version = None
+                if inline:
+                    self.store.apply_sync(version, mutations)
+                else:
+                    self._applying_version = version
+                    try:
+                        await self.store.apply(version, mutations)
+                    finally:
+                        self._applying_version = None
                 failures = self._applied(version, accepted, mutations)
         except BaseException as exc:
             self._fail(batch, version, exc)

@@ -46,16 +46,22 @@ def quart_path(openapi_path: str) -> str:
     return openapi_path.replace("{", "<").replace("}", ">")
 
 
+def _declared_oversize(content_length: str | None, limit: int) -> int | None:
+    """The declared body size if it exceeds ``limit`` (refuse before reading), else None."""
+    if content_length is None:
+        return None
+    try:
+        n = int(content_length)
+    except ValueError:
+        return None
+    return n if n > limit else None
+
+
 async def _read_body(limit: int) -> tuple[bytes, int | None]:
     """The request body, or (partial, size) when it exceeds ``limit`` (size may be a lower bound)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            n = -1
-        if n > limit:
-            return b"", n
+    n = _declared_oversize(request.headers.get("content-length"), limit)
+    if n is not None:
+        return b"", n
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.body:
@@ -224,14 +230,9 @@ class FastRoutes:
 
 async def _receive_body(receive: Any, headers: dict[str, str], limit: int) -> tuple[bytes, int | None, bool]:
     """(body, oversize or None, client disconnected). Over the limit: stop reading, report the size."""
-    declared = headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            n = -1
-        if n > limit:
-            return b"", n, False
+    n = _declared_oversize(headers.get("content-length"), limit)
+    if n is not None:
+        return b"", n, False
     chunks: list[bytes] = []
     total = 0
     while True:

@@ -3,6 +3,8 @@ and on the LMDB engine in a temp dir (the real engines, nothing faked)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import kv
@@ -67,3 +69,13 @@ def inject_1021():
         return hooks
 
     return install
+
+
+@pytest.fixture
+def quiet_runtime_logs():
+    """Silence logging: the runtime logs every injected fault at WARNING/ERROR, and the
+    assertions tell the story (used by the simulator's tests)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(previous)

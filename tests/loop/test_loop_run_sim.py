@@ -9,7 +9,6 @@ on another process when the one they called died under them.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -18,12 +17,7 @@ from sim.harness import exhaustive, run_once, random_plan
 from sim.scenarios import MultiToolTurn, PlainTurn, ToolTurn, Turn
 
 
-@pytest.fixture(autouse=True)
-def _quiet_runtime_logs():
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(previous)
+pytestmark = pytest.mark.usefixtures("quiet_runtime_logs")  # tests/conftest.py
 
 
 class _ViaRun:

@@ -171,6 +171,8 @@ class RunInfo:
     conversation: str
     submission_id: str
     state: str
+    #: Attempts made at the work, at most ``max_attempts`` (a claim that only finalises an
+    #: exhausted run, see ``claim(finalize_exhausted=True)``, is not an attempt).
     attempt: int
     max_attempts: int
     created: float
@@ -553,8 +555,11 @@ class Ledger:
 
     @staticmethod
     def _lease_from(run: dict[str, Any], rec: dict[str, Any]) -> Lease:
+        # exhausted: a claim past max_attempts only finalises (also when a retry finds its
+        # own committed claim, which did not pass through the claiming code's flag)
         return Lease(run["id"], rec["token"], run["attempt"], run["max_attempts"], rec["worker"],
-                     rec["expires_at"], run["owner"], run["conversation"], run["submission_id"])
+                     rec["expires_at"], run["owner"], run["conversation"], run["submission_id"],
+                     exhausted=run["attempt"] > run["max_attempts"])
 
     async def check_lease(self, tr: Any, lease: Lease) -> dict[str, Any]:
         """Raise :class:`LeaseLost` unless ``lease`` still holds its run, *as of this
@@ -769,7 +774,7 @@ class Ledger:
                 rec = loads(raw)
                 worker, expires = rec["worker"], rec["expires_at"]
         return RunInfo(run["id"], run["owner"], run["conversation"], run["submission_id"], run["state"],
-                       run["attempt"], run["max_attempts"], run["created"], run["updated"], run["limits"], cx,
+                       min(run["attempt"], run["max_attempts"]), run["max_attempts"], run["created"], run["updated"], run["limits"], cx,
                        outcome, worker, expires)
 
     async def get_run(self, run_id: str, *, owner: OwnerLike | None = None) -> RunInfo:

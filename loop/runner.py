@@ -460,7 +460,7 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     async def _drive(self) -> None:
-        if self.claim.attempt >= self.claim.lease.max_attempts:  # the extra claim: see Store.submit
+        if self.claim.lease.exhausted:  # the claim after the last attempt: see Store.submit
             await self._finish_exhausted()
             return
         await self._begin()
@@ -861,7 +861,7 @@ class Runner:
 
     async def _finish_exhausted(self) -> None:
         """The claim past the last attempt: finalise dangling calls as interrupted, settle retry_exhausted."""
-        n = self.claim.lease.max_attempts - 1
+        n = self.claim.lease.max_attempts
         outcome = L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
         raw, self.messages, _cancel = await self.store.read_state_and_transcript(self.run_id, self.owner, self.conv)
         self.head = len(self.messages)

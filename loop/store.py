@@ -159,11 +159,12 @@ class Store:
         """Guarded by the ledger's submission record (a retry returns the same run)."""
         from .runtime import Acknowledgement
 
-        # One claim beyond our own bound: the loop itself settles an exhausted run on
-        # that claim, finalising its dangling tool calls first (the ledger's own
-        # exhaustion, which cannot touch the transcript, stays as a backstop).
+        # max_attempts is the bound on attempts at the work. The claim after the last one is
+        # handed to a worker as ``lease.exhausted`` (Store.claim passes finalize_exhausted):
+        # the loop settles retry_exhausted itself, finalising dangling tool calls first (the
+        # ledger's own exhaustion, which cannot touch the transcript, stays as a backstop).
         ack = await self.ledger.submit(submission_id, delivery, schema, owner=owner, conversation=conv,
-                                       policy=policy, limits=limits, max_attempts=self.max_attempts + 1)  # type: ignore[arg-type]
+                                       policy=policy, limits=limits, max_attempts=self.max_attempts)  # type: ignore[arg-type]
         return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
                                duplicate=not ack.created, outcome=ack.outcome)
 
@@ -204,7 +205,7 @@ class Store:
             return await self.ledger.submit_and_claim(
                 submission_id, delivery, schema, owner=owner, conversation=conv, worker_id=worker,
                 lease_seconds=self.lease_seconds, policy=policy, limits=limits,  # type: ignore[arg-type]
-                max_attempts=self.max_attempts + 1,  # see submit
+                max_attempts=self.max_attempts,  # see submit
                 on_claimed=on_claimed_with(with_prepare))
 
         try:
@@ -394,10 +395,7 @@ class Store:
 
         approvals = await self.pending_approvals(r.id) if r.state == L.PARKED else []
         st = await self.loop_state(r.id)
-        # The claim that only finalises an exhausted run is not an attempt at the work.
-        # (runs are submitted with one claim more than their bound: see submit)
-        attempt = min(r.attempt, max(1, r.max_attempts - 1))
-        return RunInfo(r.id, r.conversation, r.state, attempt, st.agent if st else None, r.submission_id,
+        return RunInfo(r.id, r.conversation, r.state, r.attempt, st.agent if st else None, r.submission_id,
                        r.created, r.outcome, tuple(approvals), r.cancel_requested)
 
     async def get_run(self, run_id: str, owner: str) -> "RunInfo":

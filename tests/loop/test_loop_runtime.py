@@ -588,3 +588,31 @@ async def test_a_crashing_hook_is_retried_then_exhausted():
         assert len(calls) == 3
         # the runtime is still serving
         assert (await rt.run(Agent("fine", model="echo"), "other", "hi")).ok
+
+
+async def test_max_attempts_means_attempts_in_the_event_the_ledger_and_the_outcome():
+    """``max_attempts`` (default 10, DESIGN promise 4) is the number of attempts at the work:
+    run.started, the ledger's run record and the retry_exhausted outcome all report that bound
+    (run.started used to say 11 for the default: the loop's finalising claim was counted in it),
+    and the claim that only finalises an exhausted run journals no run.started of its own."""
+    import ledger as L
+
+    agent = Agent("d", model="echo")
+    async with Runtime.open("memory:", agents=[agent]) as rt:
+        out = await rt.run(agent, "c-default", "hi")
+        started = [e.data for e in (await rt.read_events("c-default")).events if e.type == "run.started"]
+        assert [(s["attempt"], s["max_attempts"]) for s in started] == [(1, L.DEFAULT_MAX_ATTEMPTS)]
+        assert (await rt.store.ledger.get_run(out.run_id)).max_attempts == L.DEFAULT_MAX_ATTEMPTS == 10
+
+    bad = Agent("bad", model="echo")
+    async with Runtime.open("memory:", lease_seconds=0.05, max_attempts=2) as rt:
+        with trio.fail_after(30):
+            out = await rt.run(bad, "c2", {"role": "assistant", "content": "not a user message"})
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        assert out.error["attempts"] == 2 and "after 2 attempts" in out.error["message"]
+        events = (await rt.read_events("c2", limit=1000)).events
+        started = [(e.data["attempt"], e.data["max_attempts"]) for e in events if e.type == "run.started"]
+        assert started == [(1, 2), (2, 2)]
+        rec = await rt.store.ledger.get_run(out.run_id)
+        assert rec.max_attempts == 2 and rec.attempt == 2
+        assert (await rt.get_run(out.run_id)).attempt == 2

@@ -27,6 +27,8 @@ Public face::
     lease.run_id, lease.token, lease.attempt, lease.expires_at, lease.owner, lease.conversation
     delivery, schema = await ledger.get_request(lease.run_id)
     await ledger.renew(lease)                                  # LeaseLost if taken over
+    lost = await ledger.renew_many(leases)                     # one commit; run ids whose lease was lost
+    ids = await ledger.cancels_requested(run_ids)              # one read: which have a cancel record
     await ledger.release(lease, park=True)                     # parked: awaiting approval
     await ledger.resume(run_id)                                # parked -> runnable
     await ledger.settle(lease, completed(result))              # idempotent
@@ -60,8 +62,8 @@ from __future__ import annotations
 from .errors import (ConversationBusy, InvalidState, LeaseLost, LedgerError, NotFound, StepNameReused,
                      SubmissionConflict, UsageConflict, UsageLimitExceeded)
 from .keyspace import LedgerKeyspace
-from .runs import (CANCELLED, COMPLETED, DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, FAILED, PARKED, QUEUED,
-                   RUNNING, SETTLED_STATES, Acknowledgement, Lease, Ledger, RunInfo, cancelled, completed, failed)
+from .runs import (CANCELLED, COMPLETED, DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, FAILED, MAX_RENEW_BATCH,
+                   PARKED, QUEUED, RUNNING, SETTLED_STATES, Acknowledgement, Lease, Ledger, RunInfo, cancelled, completed, failed)
 from .steps import idempotency_key
 from .usage import TOTAL_TOKENS
 
@@ -69,7 +71,7 @@ __all__ = [
     "Ledger", "Lease", "Acknowledgement", "RunInfo", "LedgerKeyspace",
     "completed", "failed", "cancelled", "idempotency_key", "TOTAL_TOKENS",
     "QUEUED", "RUNNING", "PARKED", "COMPLETED", "FAILED", "CANCELLED", "SETTLED_STATES",
-    "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "MAX_RENEW_BATCH",
     "LedgerError", "NotFound", "SubmissionConflict", "ConversationBusy", "LeaseLost",
     "UsageLimitExceeded", "UsageConflict", "StepNameReused", "InvalidState",
 ]

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Ledger", "Lease", "Acknowledgement", "RunInfo", "Policy",
     "QUEUED", "RUNNING", "PARKED", "COMPLETED", "FAILED", "CANCELLED", "SETTLED_STATES",
-    "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "completed", "failed", "cancelled",
+    "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "MAX_RENEW_BATCH", "completed", "failed", "cancelled",
 ]
 
 QUEUED, RUNNING, PARKED = "queued", "running", "parked"
@@ -81,6 +81,8 @@ DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 3_600.0
 #: Claim picks at random among this many oldest candidates, so racing workers rarely pick the same run.
 CLAIM_WINDOW = 32
+#: Leases :meth:`Ledger.renew_many` extends in one transaction (far under 5 s and 10 MB).
+MAX_RENEW_BATCH = 1_000
 #: A claim that finds only exhausted/stale entries gives up after this many transactions.
 MAX_CLAIM_SKIPS = 64
 #: The request (delivery + schema) is stored with the submission; refuse absurd ones up front.
@@ -593,6 +595,40 @@ class Ledger:
         lease.expires_at = await self.db.transact(fn)
         return lease
 
+    async def renew_many(self, leases: "list[Lease]", lease_seconds: float = DEFAULT_LEASE_SECONDS) -> set[str]:
+        """:meth:`renew` for each of ``leases`` in one transaction (one commit, not one per
+        run: a worker renews all its leases at once); returns the run ids whose lease was
+        lost (those are left as they are). Guarded by each lease's token, as :meth:`renew`
+        (a retry re-reads every lease and extends again)."""
+        if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
+        assert len(leases) <= MAX_RENEW_BATCH
+
+        async def fn(tr: Any) -> tuple[set[str], dict[str, float]]:  # guarded: token check per lease
+            lost: set[str] = set()
+            extended: dict[str, float] = {}
+            expires_at = self.clock() + lease_seconds
+            expires_us = int(expires_at * 1e6)
+            for lease in leases:
+                key = self.keys.lease(lease.run_id)
+                raw = await tr.get(key)
+                rec = loads(raw) if raw else None
+                if rec is None or rec["token"] != lease.token:
+                    lost.add(lease.run_id)
+                    continue
+                tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
+                tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
+                rec.update(expires_at=expires_at, expires_us=expires_us)
+                tr.set(key, dumps(rec))
+                extended[lease.run_id] = expires_at
+            return lost, extended
+
+        lost, extended = await self.db.transact(fn)
+        for lease in leases:
+            if lease.run_id in extended:
+                lease.expires_at = extended[lease.run_id]
+        return lost
+
     async def release_tr(self, tr: Any, lease: Lease, *, park: bool = False, refund_attempt: bool = True) -> str:
         """Give the run back without settling it: runnable again (``park=False``) or
         parked awaiting :meth:`resume` (``park=True``, e.g. for an approval). A clean
@@ -743,6 +779,14 @@ class Ledger:
 
     async def cancel_requested(self, run_id: str) -> bool:
         return await self.db.transact(lambda tr: self.is_cancel_requested(tr, run_id))  # read-only
+
+    async def cancels_requested(self, run_ids: "list[str]") -> set[str]:
+        """Which of ``run_ids`` have a cancel record: one read-only transaction for all (a
+        worker polls the runs it drives together)."""
+        async def fn(tr: Any) -> set[str]:  # read-only
+            return {r for r in run_ids if await tr.snapshot.get(self.keys.cancel(r)) is not None}
+
+        return await self.db.transact(fn)
 
     async def wait_cancel_requested(self, run_id: str) -> None:
         """Return once a cancel for ``run_id`` is recorded (watch on the cancel key)."""

@@ -117,6 +117,71 @@ def parse_result(text: str, schema: Any) -> Any:
     return value
 
 
+class LeaseKeeper:
+    """The runtime's one service task that keeps the runs it drives leased.
+
+    Every ``poll`` seconds (the lease's third, at most CANCEL_POLL_SECONDS) it
+    reads the cancel records of all of them in one read-only transaction (a
+    cancel made by another process reaches a run busy in a long tool or wait;
+    one made here notifies the runner directly), and renews the leases due —
+    a third of the lease after the last renewal — in one transaction
+    (``Ledger.renew_many``, guarded by each lease's token).  A runner whose
+    lease was taken over is stopped (its next write would fail ``LeaseLost``
+    anyway).  Idle while the runtime drives nothing.
+
+    One task for all runs instead of a task per run: a run of a few
+    milliseconds no longer pays for starting, scheduling and cancelling its own
+    sleeping keeper (about a tenth of a short turn's CPU), and N runs cost one
+    poll transaction per interval, not N.
+    """
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.renew_every = max(0.05, rt.store.lease_seconds / 3)
+        self.poll = min(self.renew_every, CANCEL_POLL_SECONDS)
+        self._wake = trio.Event()
+
+    def added(self) -> None:
+        """A runner registered in ``rt._active``: wake the keeper if it idles."""
+        self._wake.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if not self.rt._active:
+                self._wake = trio.Event()
+                await self._wake.wait()
+            await trio.sleep(self.poll)
+            await self.tick()
+
+    async def tick(self) -> None:
+        store = self.rt.store
+        runners = list(self.rt._active.values())
+        try:
+            polled = [r.run_id for r in runners if not r.cancel_event.is_set()]
+            for i in range(0, len(polled), L.MAX_RENEW_BATCH):
+                cancelled = await store.cancels_requested_now(polled[i:i + L.MAX_RENEW_BATCH])
+                for r in runners:
+                    if r.run_id in cancelled:
+                        r._note_cancel()
+        except kv.KVError as e:  # the next poll tries again; the runner's commits read it anyway
+            log.warning("cancel poll failed: %s", e)
+        now = trio.current_time()
+        due = [r for r in runners if now - r.last_renew >= self.renew_every - self.poll / 2]
+        for i in range(0, len(due), L.MAX_RENEW_BATCH):
+            batch = due[i:i + L.MAX_RENEW_BATCH]
+            try:
+                lost = await store.renew_many([r.claim for r in batch])
+            except kv.KVError as e:  # try again; if it keeps failing the next write fails LeaseLost
+                log.warning("lease renewal of %d runs failed: %s", len(batch), e)
+                continue
+            for r in batch:
+                if r.run_id not in lost:
+                    r.last_renew = now
+                elif self.rt._active.get(r.run_id) is r:  # (one that ended meanwhile released it)
+                    r._lost_lease()
+
+
 class Runner:
     """Drives one claimed run until it settles, parks, or this worker loses it."""
 
@@ -137,6 +202,8 @@ class Runner:
         self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
+        self._nursery: trio.Nursery | None = None  # while executing (hosts a slow call's flusher)
+        self.last_renew = trio.current_time()  # the lease was written (claimed) just now: see LeaseKeeper
         self._txn_cancel = False  # the cancel record as read by the current commit attempt
         self._new_token = rt.store.new_token
         self._state_key = rt.store.loop_keys.state(self.run_id)  # read and written by every commit
@@ -156,17 +223,22 @@ class Runner:
 
         Nothing escapes the service nursery but bugs: the drive's expected
         endings are handled inside it (trio wraps anything leaving a nursery
-        in an ExceptionGroup).
+        in an ExceptionGroup).  The lease is renewed, and the cancel record
+        polled, by the runtime's :class:`LeaseKeeper` (one task for all the
+        runs a process drives, not a task per run); the nursery here hosts
+        only a slow model call's part flusher (see :meth:`_model_step`).
         """
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._keep_lease, nursery.cancel_scope)
+            self._nursery = nursery
             self.rt._active[self.run_id] = self
+            self.rt._keeper.added()
             try:
                 await self._drive()
             except trio.Cancelled:
                 # The runtime is shutting down (Ctrl-C, close): give the run back so the
                 # next process resumes it at once instead of waiting for the lease to lapse.
-                if self.rt.release_on_shutdown:
+                # (Cancelled because the keeper found the lease lost: nothing to give back.)
+                if self.rt.release_on_shutdown and not self._lease_lost:
                     await self._abort()
                 raise
             except RunStopped as e:
@@ -181,7 +253,9 @@ class Runner:
             except Exception:  # noqa: BLE001 — a bug (ours, a hook's) must not take the runtime down
                 log.exception("run %s: unexpected failure; turn aborted (the next attempt resumes it)", self.run_id)
             finally:
-                self.rt._active.pop(self.run_id, None)
+                if self.rt._active.get(self.run_id) is self:
+                    del self.rt._active[self.run_id]
+                self._nursery = None
                 nursery.cancel_scope.cancel()
         if self._lease_lost:
             log.warning("run %s: lease lost during renewal; stopped", self.run_id)
@@ -194,26 +268,11 @@ class Runner:
             except Exception:  # noqa: BLE001 — best effort, the lease expires anyway
                 pass
 
-    async def _keep_lease(self, scope: trio.CancelScope) -> None:
-        """Renew the lease every third of its length; between renewals, look for a cancel
-        made by another process (one made here notifies the runner directly)."""
-        renew_every = max(0.05, self.store.lease_seconds / 3)
-        poll = min(renew_every, CANCEL_POLL_SECONDS)
-        last_renew = trio.current_time()
-        while True:
-            await trio.sleep(poll)
-            try:
-                if not self.cancel_event.is_set() and await self.store.cancel_requested_now(self.run_id):
-                    self._note_cancel()
-                if trio.current_time() - last_renew >= renew_every - poll / 2:
-                    await self.store.renew(self.claim)
-                    last_renew = trio.current_time()
-            except self.store.LeaseLost:
-                self._lease_lost = True
-                scope.cancel()
-                return
-            except kv.KVError as e:  # try again; if it keeps failing the next write fails LeaseLost
-                log.warning("run %s: lease renewal failed: %s", self.run_id, e)
+    def _lost_lease(self) -> None:
+        """The keeper found the lease taken over: stop driving (the next write would fail anyway)."""
+        self._lease_lost = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def _note_cancel(self) -> None:
         if not self.cancel_event.is_set():
@@ -255,7 +314,15 @@ class Runner:
         whose commit may have landed) reads it to apply the guard.
         """
         assert self.state is not None
-        async with self._lock:
+        # One commit at a time (a slow call's flusher vs. this task). Uncontended (always,
+        # but while a flusher runs) the lock is taken without acquire()'s two schedule
+        # points: the commit itself is a checkpoint.
+        lock = self._lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             token = self._new_token()
             expected_ver = self.state.ver
             first_seq = self.head
@@ -310,6 +377,8 @@ class Runner:
             self.messages.extend(dict(m) for m in append)
             self.head += len(append)
             return True
+        finally:
+            lock.release()
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
         """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
@@ -511,44 +580,54 @@ class Runner:
         error: ProviderError | None = None
         flush_error: list[BaseException] = []
         started_at = trio.current_time()
+        # A slow answer's periodic flusher, started in the runner's nursery on its first flush
+        # and joined below before this step goes on (a fast answer starts none, and the call
+        # needs no nursery of its own): (its cancel scope, set when it has finished).
+        flusher: tuple[trio.CancelScope, trio.Event] | None = None
         with trio.CancelScope() as scope:
             self._model_scope = scope
             if self.cancel_event.is_set():
                 scope.cancel()
-            async with trio.open_nursery() as nursery:
 
-                async def on_event(ev: Any) -> None:
-                    # A fast answer is journaled whole by message.added, with no part
-                    # events and no extra commit; a slow one starts the periodic flusher.
-                    coalescer.add(ev)
-                    if coalescer.flushes == 0 and coalescer.pending and (
-                        coalescer.urgent or trio.current_time() - started_at >= FLUSH_INTERVAL
-                    ):
-                        await self._flush(coalescer)
-                        nursery.start_soon(self._flusher, coalescer, scope, flush_error)
-                    elif coalescer.urgent:
-                        await self._flush(coalescer)
+            async def on_event(ev: Any) -> None:
+                # A fast answer is journaled whole by message.added, with no part
+                # events and no extra commit; a slow one starts the periodic flusher.
+                nonlocal flusher
+                coalescer.add(ev)
+                if coalescer.flushes == 0 and coalescer.pending and (
+                    coalescer.urgent or trio.current_time() - started_at >= FLUSH_INTERVAL
+                ):
+                    await self._flush(coalescer)
+                    if flusher is None:
+                        flusher = (trio.CancelScope(), trio.Event())
+                        assert self._nursery is not None
+                        self._nursery.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
+                elif coalescer.urgent:
+                    await self._flush(coalescer)
 
-                try:
-                    msg = await call_model(
-                        self.provider,
-                        system=info.system,
-                        messages=info.messages,
-                        tools=info.tools,
-                        max_tokens=agent.max_tokens,
-                        policy=agent.retry,
-                        on_event=on_event,
-                        on_retry=self._on_retry,
-                        clock=self.rt.clock,
-                        retries_done=st.retries,
-                        resume_at=st.next_attempt_at,
-                    )
-                except ProviderError as e:
-                    error = e
-                except (RunStopped, kv.KVError, self.store.LeaseLost) as e:
-                    flush_error.append(e)
-                finally:
-                    nursery.cancel_scope.cancel()
+            try:
+                msg = await call_model(
+                    self.provider,
+                    system=info.system,
+                    messages=info.messages,
+                    tools=info.tools,
+                    max_tokens=agent.max_tokens,
+                    policy=agent.retry,
+                    on_event=on_event,
+                    on_retry=self._on_retry,
+                    clock=self.rt.clock,
+                    retries_done=st.retries,
+                    resume_at=st.next_attempt_at,
+                )
+            except ProviderError as e:
+                error = e
+            except (RunStopped, kv.KVError, self.store.LeaseLost) as e:
+                flush_error.append(e)
+            finally:
+                if flusher is not None:  # stop it and wait until it has (as a nursery exit would)
+                    flusher[0].cancel()
+                    with trio.CancelScope(shield=True):
+                        await flusher[1].wait()
         self._model_scope = None
         if flush_error:
             raise flush_error[0]
@@ -566,16 +645,22 @@ class Runner:
         assert msg is not None
         await self._model_done(msg, coalescer)
 
-    async def _flusher(self, coalescer: PartCoalescer, scope: trio.CancelScope, errors: list[BaseException]) -> None:
-        """Flush streamed parts every FLUSH_INTERVAL; a failed flush stops the call (and is re-raised)."""
+    async def _flusher(self, coalescer: PartCoalescer, scope: trio.CancelScope, errors: list[BaseException],
+                       own_scope: trio.CancelScope, done: trio.Event) -> None:
+        """Flush streamed parts every FLUSH_INTERVAL until ``own_scope`` is cancelled; a failed
+        flush stops the call (``scope``) and is re-raised by the model step. Runs in the
+        runner's nursery: anything it raises goes to ``errors``, never into that nursery."""
         try:
-            while True:
-                await trio.sleep(FLUSH_INTERVAL)
-                if coalescer.pending:
-                    await self._flush(coalescer)
-        except (RunStopped, kv.KVError, self.store.LeaseLost) as e:
+            with own_scope:
+                while True:
+                    await trio.sleep(FLUSH_INTERVAL)
+                    if coalescer.pending:
+                        await self._flush(coalescer)
+        except Exception as e:  # noqa: BLE001 — storage/lease failures and bugs alike: the step re-raises it
             errors.append(e)
             scope.cancel()
+        finally:
+            done.set()
 
     async def _flush(self, coalescer: PartCoalescer) -> None:
         items = coalescer.take()

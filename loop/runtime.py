@@ -44,7 +44,7 @@ from .agents import Agent
 from .calls import SYSTEM_CLOCK, Clock
 from .errors import LoopError
 from .providers import Provider, make_provider
-from .runner import Runner
+from .runner import LeaseKeeper, Runner
 from .store import Claim, Store
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ class Runtime:
         # leaving the lease to lapse — tests of takeover use it).
         self.release_on_shutdown = release_on_shutdown
         self._active: dict[str, Any] = {}  # run id -> its Runner, while this process drives it
+        self._keeper = LeaseKeeper(self)  # renews their leases, polls their cancel records
         self._agents: dict[str, Agent] = {}
         self._providers: dict[str, Provider] = {}
         self._nursery: trio.Nursery | None = None
@@ -215,6 +216,7 @@ class Runtime:
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 await rt.store.start(nursery)
+                await nursery.start(rt._keeper.run)
                 for _ in range(workers):
                     nursery.start_soon(rt._claim_loop)
                 try:

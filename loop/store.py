@@ -279,6 +279,11 @@ class Store:
     async def renew(self, claim: Claim) -> None:
         await self.ledger.renew(claim.lease, self.lease_seconds)
 
+    async def renew_many(self, claims: list[Claim]) -> set[str]:
+        """Renew every claim's lease in one transaction (guarded by each lease's token);
+        the run ids whose lease was lost."""
+        return await self.ledger.renew_many([c.lease for c in claims], self.lease_seconds)
+
     async def release(self, claim: Claim) -> None:
         """Give the run back (not an attempt): the next claim resumes it at once."""
         await self.ledger.release(claim.lease)
@@ -310,6 +315,9 @@ class Store:
 
     async def cancel_requested_now(self, run_id: str) -> bool:
         return await self.ledger.cancel_requested(run_id)  # read-only
+
+    async def cancels_requested_now(self, run_ids: list[str]) -> set[str]:
+        return await self.ledger.cancels_requested(run_ids)  # read-only
 
     async def wait_cancel_requested(self, run_id: str) -> None:
         await self.ledger.wait_cancel_requested(run_id)

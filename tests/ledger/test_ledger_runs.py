@@ -399,3 +399,39 @@ async def test_submit_and_claim_after_1021_returns_its_own_lease_once(db, inject
     assert [e.type for e in (await s.journal.read(OWNER, "c")).events] == [events.RUN_QUEUED, events.RUN_STARTED]
     await L.settle(lease, completed(1))
     assert (await L.wait_settled(ack.run_id))["result"] == 1
+
+
+async def test_renew_many_extends_held_leases_in_one_commit_and_reports_lost_ones(db, clock):
+    s, L = make(db, clock)
+    for c in ("c1", "c2"):
+        await L.submit(f"s-{c}", {}, None, owner=OWNER, conversation=c)
+    a1 = await L.claim("A", lease_seconds=10)
+    a2 = await L.claim("A", lease_seconds=10)
+    clock.advance(5)
+    await L.renew(a1, 2)  # a1 now expires long before a2
+    clock.advance(3)
+    b = await L.claim("B", lease_seconds=10)  # takes a1's run over
+    assert b.run_id == a1.run_id and b.takeover
+    before = a2.expires_at
+    lost = await L.renew_many([a1, a2], 10)
+    assert lost == {a1.run_id}
+    assert a2.expires_at == clock() + 10 > before
+    info = await L.get_run(a2.run_id)
+    assert info.lease_expires_at == a2.expires_at and info.worker == "A"
+    assert (await L.get_run(b.run_id)).worker == "B"  # the lost lease was left as it is
+    with pytest.raises(LeaseLost):
+        await L.renew(a1)
+    # the expiry index follows the renewal: a2 is not claimable at its old expiry
+    clock.advance(before - clock() + 0.5)
+    assert await L.claim("C", lease_seconds=10) is None
+    assert await L.renew_many([], 10) == set()
+
+
+async def test_cancels_requested_reads_several_runs_at_once(db):
+    _, L = make(db)
+    acks = [await L.submit(f"s{i}", {}, None, owner=OWNER, conversation=f"c{i}") for i in range(3)]
+    for i in range(3):
+        await L.claim("w", lease_seconds=10)
+    await L.cancel(acks[1].run_id)
+    assert await L.cancels_requested([a.run_id for a in acks]) == {acks[1].run_id}
+    assert await L.cancels_requested([]) == set()

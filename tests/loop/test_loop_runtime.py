@@ -522,10 +522,10 @@ async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
 
     agent = Agent("f", model=ScriptedModel(script), tools=[slow])
     async with Runtime.open(db=engine.database(), lease_seconds=0.3) as rt_a:
-        async def no_renew(claim):  # A stops renewing (a long GC pause, a partition...)
-            return None
+        async def no_renew(claims):  # A stops renewing (a long GC pause, a partition...)
+            return set()
 
-        rt_a.store.renew = no_renew
+        rt_a.store.renew_many = no_renew
         ack = await rt_a.submit(agent, "fence", "go")
         while not effects:
             await trio.sleep(0.01)
@@ -616,3 +616,63 @@ async def test_max_attempts_means_attempts_in_the_event_the_ledger_and_the_outco
         rec = await rt.store.ledger.get_run(out.run_id)
         assert rec.max_attempts == 2 and rec.attempt == 2
         assert (await rt.get_run(out.run_id)).attempt == 2
+
+
+async def test_the_lease_keeper_renews_long_runs_polls_cancels_and_idles_without_runs(autojump_clock):
+    """One keeper task per runtime (not one per run): runs much longer than their lease keep
+    it (renewed together, attempt 1, no takeover), a cancel made by another process reaches a
+    run busy in a tool through the keeper's poll, and with nothing to drive it makes no
+    transactions at all."""
+    import kv
+
+    engine = kv.MemoryEngine()
+    seen_cancel = []
+
+    @tool
+    async def long(ctx: ToolContext) -> str:
+        """Works for a while (virtual time)."""
+        for _ in range(40):
+            await trio.sleep(0.1)
+            if ctx.cancelled:
+                seen_cancel.append(ctx.call_id)
+                return "stopped"
+        return "long done"
+
+    agent = Agent("k", model=ScriptedModel(tool_then_answer("long", {})), tools=[long])
+    async with Runtime.open(db=engine.database(), lease_seconds=0.3, agents=[agent]) as rt, \
+            Runtime.open(db=engine.database(), workers=0) as other:
+        outs = []
+
+        async def one(conv):
+            outs.append(await rt.run(agent, conv, "go"))
+
+        async with trio.open_nursery() as n:
+            for conv in ("k1", "k2"):
+                n.start_soon(one, conv)
+        assert [o.result for o in outs] == ["done", "done"] and not seen_cancel
+        for o in outs:  # 4 s of tool on a 0.3 s lease: renewed all along
+            assert (await rt.get_run(o.run_id)).attempt == 1
+        conv_of = {o.run_id: c for o, c in zip(outs, ("k1", "k2"))}
+        for run_id, conv in conv_of.items():
+            starts = [e for e in await all_events(rt, conv) if e.type == "run.started"]
+            assert len(starts) == 1 and not starts[0].data["takeover"]
+
+        ack = await rt.submit(agent, "k3", "go")
+        while not rt._active:
+            await trio.sleep(0.01)
+        await trio.sleep(0.5)
+        await other.cancel(ack.run_id)  # another process: rt hears of it only through its keeper
+        out = await rt.wait(ack)
+        assert out.status == "cancelled" and len(seen_cancel) == 1
+
+        calls = []
+        for name in ("cancels_requested_now", "renew_many"):
+            async def counting(*a, _name=name, _real=getattr(rt.store, name), **kw):
+                calls.append(_name)
+                return await _real(*a, **kw)
+
+            setattr(rt.store, name, counting)
+        await trio.sleep(30)  # idle: no renewals, no cancel polls
+        assert calls == []
+        await rt.run(agent, "k4", "go")  # and it wakes up for the next run
+        assert "renew_many" in calls

@@ -198,3 +198,86 @@ async def test_a_big_batch_is_written_inline_even_beside_a_busy_loop(tmp_path, m
             stop = True
         tr = db.create_transaction()
         assert len(await tr.get_range(b"big/", b"big0")) == INLINE_ALWAYS_ABOVE_MUTATIONS + 1
+
+
+async def test_chained_batches_keep_version_order_and_lose_nothing(tmp_path):
+    """With many writers, the batch that formed while one was on disk is handed
+    to the writer thread the moment that one is durable (before its waiters
+    are woken). Every commit must still land exactly once, versions and
+    versionstamps must follow commit order, and a read-modify-write counter
+    must equal the number of increments acknowledged."""
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        acked: list[tuple[int, bytes]] = []
+        increments = 0
+
+        async def writer(w: int) -> None:
+            nonlocal increments
+            for n in range(25):
+                tr = db.create_transaction()
+                tr.set(b"c/%02d/%02d" % (w, n), b"v")
+                tr.set_versionstamped_key(b"vs/" + b"\x00" * 10 + b"\x03\x00\x00\x00", b"%d/%d" % (w, n))
+                stamp = tr.get_versionstamp()
+                await tr.commit()
+                acked.append((tr.get_committed_version(), await stamp))
+
+                async def bump(tr):  # guarded: reads the counter, so a concurrent bump conflicts
+                    raw = await tr.get(b"counter")
+                    tr.set(b"counter", b"%d" % (int(raw or b"0") + 1))
+
+                await db.transact(bump)
+                increments += 1
+
+        async with trio.open_nursery() as nursery:
+            for w in range(48):
+                nursery.start_soon(writer, w)
+        assert db.engine.stats["chained_batches"] > 0  # the path under test ran
+        tr = db.create_transaction()
+        assert len(await tr.get_range(b"c/", b"c0")) == 48 * 25
+        assert await tr.get(b"counter") == b"%d" % increments == b"%d" % (48 * 25)
+        stamps = [kv_.key[3:13] for kv_ in await tr.get_range(b"vs/", b"vs0")]
+        assert len(stamps) == len(set(stamps)) == 48 * 25
+        # a versionstamp is its commit version and batch order, so sorting by one sorts by the other
+        by_version = sorted(acked)
+        assert [s for _, s in by_version] == sorted(s for _, s in acked)
+        assert all(s[:8] == v.to_bytes(8, "big") for v, s in acked)
+
+
+async def test_a_failed_batch_in_a_chain_fails_only_its_own_commits(tmp_path, monkeypatch):
+    """A storage error writing one chained batch reaches exactly the commits in
+    that batch (nothing of it is stored); the pipeline goes on for the rest."""
+    import kv.lmdb_engine
+
+    original = kv.lmdb_engine.LmdbStore.apply_sync
+    failed_once = []
+
+    def flaky(self, version, mutations):
+        if not failed_once and any(m[0] == "set" and m[1].startswith(b"doomed") for m in mutations):
+            failed_once.append(version)
+            raise lmdb.DiskError("injected disk error")
+        return original(self, version, mutations)
+
+    monkeypatch.setattr(kv.lmdb_engine.LmdbStore, "apply_sync", flaky)
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        outcomes: dict[bytes, str] = {}
+
+        async def writer(w: int) -> None:
+            for n in range(20):
+                key = (b"doomed/%02d/%02d" if n == 10 else b"ok/%02d/%02d") % (w, n)
+                tr = db.create_transaction()
+                tr.set(key, b"v")
+                try:
+                    await tr.commit()
+                    outcomes[key] = "ok"
+                except lmdb.DiskError:
+                    outcomes[key] = "failed"
+
+        async with trio.open_nursery() as nursery:
+            for w in range(32):
+                nursery.start_soon(writer, w)
+        assert failed_once and db.engine.stats["chained_batches"] > 0
+        failed = {k for k, o in outcomes.items() if o == "failed"}
+        assert any(k.startswith(b"doomed") for k in failed)  # the batch holding the first doomed key
+        tr = db.create_transaction()
+        stored = {kv_.key for kv_ in await tr.get_range(b"", b"\xff")}
+        assert stored == {k for k, o in outcomes.items() if o == "ok"}  # exactly the acknowledged ones
+        assert len(outcomes) == 32 * 20

@@ -428,9 +428,9 @@ class Runner:
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
         state.ver, state.tok = 1, store.new_token()
-        if not exists:  # (a session read just now in this transaction needs no create-if-missing)
-            await store.ensure_session(tr, owner, conv)
-        await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq)
+        # (a session read just now in this transaction needs no create-if-missing; a new one is
+        # created by the append, its head written once)
+        await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=not exists)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
         await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended))
         messages.extend(appended)

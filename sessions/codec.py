@@ -105,7 +105,7 @@ def _enc(part: Any) -> bytes:
     # FoundationDB tuple encoding of one element, hand-written for the types keys use.
     if type(part) is str:
         return b"\x02" + part.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
-    if type(part) is int and 0 <= part < 1 << 64:
+    if type(part) is int and 0 <= part < (1 << 64) - 1:  # from 2**64 - 1 on: code 0x1d (FDB's tuple.py)
         if part == 0:
             return b"\x14"
         n = (part.bit_length() + 7) // 8
@@ -115,8 +115,25 @@ def _enc(part: Any) -> bytes:
     return kv.tuple.pack((part,))
 
 
+#: Tuple codes of the integers 0..255 (keys number messages, chunks, FIFO slots with them).
+_SMALL_INTS = [b"\x14"] + [bytes((0x15, i)) for i in range(1, 256)]
+
+
 def fastpack(prefix: bytes, parts: tuple) -> bytes:
     """``kv.Subspace(raw_prefix=prefix).pack(parts)``, several times faster for str,
     bytes and non-negative int parts (tuple encoding concatenates element by
-    element); any other type goes through kv.tuple. Tests check it against kv.tuple."""
-    return prefix + b"".join([_enc(p) for p in parts])
+    element); any other type goes through kv.tuple. Tests check it against kv.tuple.
+
+    Every key of every transaction is built here, so the common parts (a str
+    without NUL, a small int) are encoded inline rather than by a call per part."""
+    out = prefix
+    for p in parts:
+        t = type(p)
+        if t is str:
+            b = p.encode()
+            out += (b"\x02" + b + b"\x00") if b"\x00" not in b else _enc(p)
+        elif t is int and 0 <= p < 256:
+            out += _SMALL_INTS[p]
+        else:
+            out += _enc(p)
+    return out

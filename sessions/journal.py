@@ -157,22 +157,25 @@ class EventRef:
         return self._cursor
 
 
-# Per-transaction event order. Never reset across a transaction's retries: the
-# order only has to be unique and increasing inside one commit.
+# Per-transaction event order, kept on the transaction object itself (an attribute;
+# a weak map for transaction types that take none). Never reset across a
+# transaction's retries: the order only has to be unique and increasing inside one commit.
+_ORDER_ATTR = "_surefoot_event_order"
 _ORDER: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
-
+# Conversation records this transaction attempt made sure of (see _ensure_conversation).
+_ENSURED_ATTR = "_surefoot_ensured"
 _ENSURED: "weakref.WeakKeyDictionary[Any, tuple[Any, set[bytes]]]" = weakref.WeakKeyDictionary()
 
 
 def _next_order(tr: Any, count: int = 1) -> int:
     """The first of ``count`` consecutive orders reserved in ``tr``."""
     try:
+        n = getattr(tr, _ORDER_ATTR, 0)
+        setattr(tr, _ORDER_ATTR, n + count)
+    except AttributeError:  # no attributes (slots): a weak map
         n = _ORDER.get(tr, 0)
         _ORDER[tr] = n + count
-    except TypeError:  # a transaction type without weakref support
-        n = getattr(tr, "_surefoot_event_order", 0)
-        setattr(tr, "_surefoot_event_order", n + count)
     if n + count > MAX_EVENTS_PER_TRANSACTION:
         raise TooLarge(f"more than {MAX_EVENTS_PER_TRANSACTION} journal events in one transaction")
     return n
@@ -249,9 +252,13 @@ class Journal:
         keys and values as that many emits, with the conversation checked and its emitted
         count bumped once for all of them. Not idempotent by itself (see :meth:`emit`)."""
         tag = as_tag(owner)
-        check_conversation_id(conversation)
         if not items:
+            check_conversation_id(conversation)
             return []
+        ck = (tag, conversation)
+        known = ck in self._known
+        if not known:  # (a known one was checked when it was first emitted to)
+            check_conversation_id(conversation)
         now = self.clock()
         values = []
         for type, data in items:
@@ -263,8 +270,7 @@ class Journal:
                 raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
                                "in the transcript or an attachment and reference it")
             values.append(value)
-        ck = (tag, conversation)
-        if ck not in self._known:
+        if not known:
             await self._ensure_conversation(tr, tag, conversation)
         prefix = self.keys.events(tag, conversation).raw_prefix
         stamp = tr.get_versionstamp()
@@ -298,18 +304,27 @@ class Journal:
         key = self.keys.conversation(tag, conversation)
         stamp = tr.get_versionstamp()
         try:
-            seen = _ENSURED.get(tr)
-        except TypeError:
-            seen = None
+            seen = getattr(tr, _ENSURED_ATTR, None)
+            attr = True
+        except AttributeError:
+            seen, attr = None, False
+        if seen is None and not attr:
+            try:
+                seen = _ENSURED.get(tr)
+            except TypeError:
+                seen = None
         if seen is not None and seen[0] is stamp:
             if key in seen[1]:
                 return
         else:
             seen = (stamp, set())
             try:
-                _ENSURED[tr] = seen
-            except TypeError:
-                pass
+                setattr(tr, _ENSURED_ATTR, seen)
+            except AttributeError:
+                try:
+                    _ENSURED[tr] = seen
+                except TypeError:
+                    pass
         if await tr.snapshot.get(key) is None:
             tr.set(key, dumps({"owner": tag}))
         seen[1].add(key)

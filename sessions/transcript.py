@@ -140,15 +140,21 @@ class Transcripts:
             if head.get("staging"):
                 raise InvalidState(f"session {sid!r} is being created by a fork")
             return await self._info(tr, tag, sid, head)
+        head, now = self._new_session(tr, tag, sid, project, title, extra)
+        tr.set(self.keys.head(tag, sid), dumps(head))
+        return SessionInfo(sid, tag, 0, now, project, None, None, title, dict(extra or {}))
+
+    def _new_session(self, tr: Any, tag: str, sid: str, project: str | None = None, title: str | None = None,
+                     extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], float]:
+        """Write a new session's records but its head; returns the empty head (the caller writes it)."""
         now = self.clock()
-        tr.set(self.keys.head(tag, sid), dumps({"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None}))
         meta = {"owner": tag, "id": sid, "created": now, "project": project, "parent": None,
                 "fork_at": None, "title": title, "extra": dict(extra or {})}
         tr.set(self.keys.meta(tag, sid), dumps(meta))
         tr.set(self.keys.session_listing(tag, sid), b"")
         if project is not None:
             tr.set(self.keys.project_member(tag, project, sid), b"")
-        return SessionInfo(sid, tag, 0, now, project, None, None, title, dict(extra or {}))
+        return {"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None}, now
 
     async def create(self, owner: OwnerLike, session_id: str | None = None, **kw: Any) -> SessionInfo:
         """Guarded (reads the head first): a retried create returns the committed session."""
@@ -201,38 +207,48 @@ class Transcripts:
     # -- appends ------------------------------------------------------------
 
     async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
-                        expected_head: int | None = None, token: bytes | None = None) -> int:
+                        expected_head: int | None = None, token: bytes | None = None, create: bool = False) -> int:
         """Append ``messages`` in ``tr``; returns the new head (message count).
 
         Guarded: reads the head (so a concurrent append conflicts) and, when a
         ``token`` is given, recognises its own already-committed append.
         Raises :class:`SessionConflict` when ``expected_head`` is given and the
         head differs, :class:`TooLarge` before writing anything when the append
-        cannot fit one transaction.
+        cannot fit one transaction.  With ``create``, a missing session is
+        created first, as :meth:`create_tr` would (its head written once, with
+        the messages), instead of raising :class:`NotFound`.
         """
         tag = as_tag(owner)
         check_session_id(session_id)
         encoded: list[bytes] = []
         size = 0
         for m in messages:
-            if not isinstance(m, Mapping):
-                raise TypeError("a transcript message is a dict")
-            data = dumps(dict(m))
+            if type(m) is not dict:
+                if not isinstance(m, Mapping):
+                    raise TypeError("a transcript message is a dict")
+                m = dict(m)
+            data = dumps(m)
             encoded.append(data)
             size += len(data) + _KEY_OVERHEAD * (1 + len(data) // CHUNK_SIZE)
         if size > MAX_APPEND_BYTES:
             raise TooLarge(f"append of {size} bytes exceeds {MAX_APPEND_BYTES}; append fewer messages at a time")
-        head = await self._head(tr, tag, session_id)
+        if create and await tr.get(self.keys.head(tag, session_id)) is None:
+            head, _ = self._new_session(tr, tag, session_id)
+        else:
+            head = await self._head(tr, tag, session_id)
         n = head["n"]
         if token is not None and head.get("tok") == token and (expected_head is None or n == expected_head + len(encoded)):
             return n  # this very append already committed (1021 retry)
         if expected_head is not None and n != expected_head:
             raise SessionConflict(f"session {session_id!r} head is {n}, expected {expected_head}",
                                   expected=expected_head, actual=n)
-        msgs = self.keys.messages(tag, session_id)
+        prefix = self.keys.messages(tag, session_id).raw_prefix
         for i, data in enumerate(encoded):
+            if len(data) <= CHUNK_SIZE:  # (the common case: one chunk)
+                tr.set(fastpack(prefix, (n + i, 0)), data)
+                continue
             for c, chunk in enumerate(split_chunks(data)):
-                tr.set(fastpack(msgs.raw_prefix, (n + i, c)), chunk)
+                tr.set(fastpack(prefix, (n + i, c)), chunk)
         head["n"] = n + len(encoded)
         head["tok"] = token
         tr.set(self.keys.head(tag, session_id), dumps(head))

@@ -18,6 +18,14 @@ def test_fastpack_matches_kv_tuple(prefix, t):
     assert fastpack(prefix, tuple(t)) == kv.Subspace(raw_prefix=prefix).pack(tuple(t))
 
 
+def test_fastpack_matches_kv_tuple_on_the_inline_paths():
+    """Small ints and NUL-free strings are encoded inline (the hot path): every int around
+    the one-byte boundary, strings with and without NUL, mixed with other types."""
+    for i in list(range(-3, 300)) + [65535, 65536, 1 << 63, (1 << 64) - 1, 1 << 64]:
+        for t in ((i,), ("o", i, "x"), (b"\x00b", i, "a\x00b", True, None)):
+            assert fastpack(b"\x15p", t) == kv.Subspace(raw_prefix=b"\x15p").pack(t), t
+
+
 def test_id_source_ids_are_unique_within_and_across_sources():
     from sessions.codec import id_source
 

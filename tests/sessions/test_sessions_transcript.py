@@ -218,3 +218,22 @@ async def test_create_is_idempotent_and_lists(db):
     assert a.id == b.id and b.title == "first"
     await t.create(OWNER, "y")
     assert await t.list(OWNER) == ["x", "y"]
+
+
+async def test_append_with_create_makes_the_session_as_create_then_append_would(db):
+    t = Sessions(db).transcripts
+    with pytest.raises(NotFound):
+        await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 0}], expected_head=0))
+    assert await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 0}, {"i": 1}], expected_head=0,
+                                                    create=True)) == 2
+    await t.create(OWNER, "old")
+    await t.append(OWNER, "old", [{"i": 0}, {"i": 1}])
+    for sid in ("new", "old"):
+        info = await t.get(OWNER, sid)
+        assert (info.id, info.owner, info.head, info.parent) == (sid, OWNER.tag, 2, None) and info.created > 0
+        assert [m.data for m in (await t.read(OWNER, sid)).messages] == [{"i": 0}, {"i": 1}]
+    assert sorted(await t.list(OWNER)) == ["new", "old"]
+    # an existing session: create=True appends as usual, guarded by the head
+    assert await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 2}], expected_head=2, create=True)) == 3
+    with pytest.raises(SessionConflict):
+        await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 9}], expected_head=2, create=True))

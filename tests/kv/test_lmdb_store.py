@@ -281,3 +281,76 @@ async def test_a_failed_batch_in_a_chain_fails_only_its_own_commits(tmp_path, mo
         stored = {kv_.key for kv_ in await tr.get_range(b"", b"\xff")}
         assert stored == {k for k, o in outcomes.items() if o == "ok"}  # exactly the acknowledged ones
         assert len(outcomes) == 32 * 20
+
+
+def _stored_ceiling(path) -> int:
+    env = lmdb.open(str(path), max_dbs=0, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return int.from_bytes(txn.get(b"mversion"), "big")
+    finally:
+        env.close()
+
+
+async def test_version_ceiling_is_raised_rarely_and_a_reopened_store_starts_above_it(tmp_path):
+    import kv.lmdb_engine
+
+    versions = []
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        for i in range(30):
+            tr = db.create_transaction()
+            tr.set(b"k%02d" % i, b"v")
+            await tr.commit()
+            versions.append(tr.get_committed_version())
+    ceiling = _stored_ceiling(tmp_path)
+    assert ceiling > max(versions)  # above every version used
+    # written by the first commit only: the others were below it (30 quick commits span < 5 s)
+    assert ceiling == versions[0] + kv.lmdb_engine.VERSION_CEILING_STEP
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        tr = db.create_transaction()
+        assert await tr.get(b"k29") == b"v"
+        assert await tr.get_read_version() >= ceiling
+        tr.set(b"after", b"v")
+        await tr.commit()
+        assert tr.get_committed_version() > ceiling  # no version reused across the restart
+    assert _stored_ceiling(tmp_path) > ceiling  # that commit reached the ceiling and raised it
+
+
+async def test_snapshot_versions_are_exact_while_the_writer_thread_commits(tmp_path):
+    """Each snapshot's version comes from its LMDB transaction id: a reader
+    opened while batches land on the writer thread sees exactly the keys of
+    versions up to its read version, never one from a later batch."""
+    async with await kv.open(f"lmdb:{tmp_path}") as db:
+        written: dict[bytes, int] = {}
+        done = False
+
+        async def writer(w: int) -> None:
+            for n in range(40):
+                tr = db.create_transaction()
+                key = b"s/%02d/%02d" % (w, n)
+                tr.set(key, b"v")
+                await tr.commit()
+                written[key] = tr.get_committed_version()
+
+        async def reader() -> None:
+            checks = 0
+            while not done or checks == 0:
+                tr = db.create_transaction()
+                rv = await tr.get_read_version()
+                seen = {kv_.key for kv_ in await tr.get_range(b"s/", b"s0")}
+                # everything acknowledged at or before rv is visible, nothing committed later is
+                for key in seen:
+                    assert key not in written or written[key] <= rv
+                for key, version in list(written.items()):
+                    if version <= rv:
+                        assert key in seen
+                checks += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            async with trio.open_nursery() as writers:
+                for w in range(16):
+                    writers.start_soon(writer, w)
+            done = True
+        assert len(written) == 16 * 40

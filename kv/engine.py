@@ -463,6 +463,8 @@ class Engine:
             self._deliver(batch, version, {})
             return None
         try:
+            if self.closed:  # the store's thread is gone: nothing would ever answer
+                raise KVError(2000, "database is closed")
             self.hooks.before_apply(version, accepted)
             job = self._submit(version, mutations)
         except BaseException as exc:

@@ -354,3 +354,33 @@ async def test_snapshot_versions_are_exact_while_the_writer_thread_commits(tmp_p
                     writers.start_soon(writer, w)
             done = True
         assert len(written) == 16 * 40
+
+
+async def test_closing_with_commits_queued_answers_every_one(tmp_path):
+    """Closing while batches are queued behind one on disk: the one on disk
+    finishes, every commit still waiting is answered (committed or "database
+    is closed"), none hangs."""
+    db = await kv.open(f"lmdb:{tmp_path}")
+    outcomes: list[str] = []
+
+    async def writer(w: int) -> None:
+        for n in range(50):
+            try:
+                tr = db.create_transaction()
+                tr.set(b"q/%02d/%02d" % (w, n), b"v")
+                await tr.commit()
+                outcomes.append("ok")
+            except KVError as e:
+                assert e.code == 2000
+                outcomes.append("closed")
+                return
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for w in range(32):
+                nursery.start_soon(writer, w)
+            while db.engine.stats["chained_batches"] < 3:
+                await trio.sleep(0.001)
+            await db.close()
+    assert "closed" in outcomes and "ok" in outcomes
+    assert outcomes.count("closed") == 32  # every writer was told, once

@@ -850,16 +850,16 @@ class Ledger:
                 if not v.ready:
                     v.cancel()
 
+    async def list_runs_tr(self, tr: Any, owner: OwnerLike, conversation: str, *, limit: int = 1_000) -> list[RunInfo]:
+        """The conversation's runs, oldest first, in ``tr`` (read-only)."""
+        tag = as_tag(owner)
+        r = self.keys.history_range(tag, conversation)
+        rows = await tr.get_range(r.start, r.stop, limit=limit)
+        return [await self.get_run_tr(tr, row.value.decode(), owner=tag) for row in rows]
+
     async def list_runs(self, owner: OwnerLike, conversation: str, *, limit: int = 1_000) -> list[RunInfo]:
         """The conversation's runs, oldest first. Read-only."""
-        tag = as_tag(owner)
-
-        async def fn(tr: Any) -> list[RunInfo]:  # read-only
-            r = self.keys.history_range(tag, conversation)
-            rows = await tr.get_range(r.start, r.stop, limit=limit)
-            return [await self.get_run_tr(tr, row.value.decode(), owner=tag) for row in rows]
-
-        return await self.db.transact(fn)
+        return await self.db.transact(lambda tr: self.list_runs_tr(tr, owner, conversation, limit=limit))  # read-only
 
     async def active_run(self, owner: OwnerLike, conversation: str) -> str | None:
         tag = as_tag(owner)

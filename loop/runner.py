@@ -382,7 +382,8 @@ class Runner:
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
         """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
-        self._txn_settled = await self.store.settle(tr, self.claim, outcome, lease_rec=self._txn_lease)
+        self._txn_settled = await self.store.settle(tr, self.claim, outcome, lease_rec=self._txn_lease,
+                                                    state=self.state)
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
         return _message_events(self.run_id, first_seq, msgs)

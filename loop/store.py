@@ -52,6 +52,14 @@ def token_source() -> Callable[[], bytes]:
     return lambda: prefix + next(seq).to_bytes(8, "big")
 
 
+def may_be_parked(state: LoopState) -> bool:
+    """Whether the run's parked record (``LoopKeyspace.parked``) may exist: :meth:`Store.park`
+    writes it in the transaction that puts a call in state ``approval``, and it is cleared by
+    the one that takes the decision (or settles), so without a call that ever awaited approval
+    (state ``approval``, or a decision's ``allow``) there is none."""
+    return any(c.get("state") == CALL_APPROVAL or "allow" in c for c in state.calls.values())
+
+
 class ApprovalError(Exception):
     """No approval is pending for that call (already resolved differently, or never requested)."""
 
@@ -289,12 +297,15 @@ class Store:
         await self.ledger.release(claim.lease)
 
     async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any], *,
-                     lease_rec: Any = None) -> dict[str, Any]:
+                     lease_rec: Any = None, state: LoopState | None = None) -> dict[str, Any]:
         """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled.
         Returns the outcome as stored. ``lease_rec``: :meth:`check_lease`'s result in this
-        transaction, if it was called (the lease is then not read again)."""
+        transaction, if it was called (the lease is then not read again). ``state``: the run's
+        loop state, if known: the parked record is cleared only if it may exist (see
+        :func:`may_be_parked`), not blindly in every settle."""
         out = await self.ledger.settle_tr(tr, claim.lease, outcome, lease_rec=lease_rec)
-        tr.clear(self.loop_keys.parked(claim.run_id))
+        if state is None or may_be_parked(state):
+            tr.clear(self.loop_keys.parked(claim.run_id))
         return out
 
     async def wait_for_work(self, max_wait: float) -> None:
@@ -386,34 +397,37 @@ class Store:
 
         await self.db.transact(fn)
 
-    async def pending_approvals(self, run_id: str) -> list[str]:
-        raw = await self.db.transact(lambda tr: tr.get(self.loop_keys.state(run_id)))  # read-only
-        if raw is None:
-            return []
-        return [cid for cid, c in LoopState.from_bytes(raw).calls.items() if c.get("state") == CALL_APPROVAL]
-
     async def loop_state(self, run_id: str) -> LoopState | None:
         raw = await self.db.transact(lambda tr: tr.get(self.loop_keys.state(run_id)))  # read-only
         return LoopState.from_bytes(raw) if raw is not None else None
 
     # ------------------------------------------------------------------ reading runs
 
-    async def _info(self, r: L.RunInfo) -> "RunInfo":
+    @staticmethod
+    def _info(r: L.RunInfo, raw_state: bytes | None) -> "RunInfo":
+        """A run as the loop reports it: the ledger's record and the run's loop state (as read
+        in the same transaction: the agent, and the calls awaiting approval when parked)."""
         from .runtime import RunInfo
 
-        approvals = await self.pending_approvals(r.id) if r.state == L.PARKED else []
-        st = await self.loop_state(r.id)
+        st = LoopState.from_bytes(raw_state) if raw_state is not None else None
+        approvals = ([cid for cid, c in st.calls.items() if c.get("state") == CALL_APPROVAL]
+                     if st is not None and r.state == L.PARKED else [])
         return RunInfo(r.id, r.conversation, r.state, r.attempt, st.agent if st else None, r.submission_id,
                        r.created, r.outcome, tuple(approvals), r.cancel_requested)
 
     async def get_run(self, run_id: str, owner: str) -> "RunInfo":
+        """Read-only: the ledger's record and the loop state in one transaction."""
         from .runtime import NotFound
 
+        async def fn(tr: Any) -> tuple[L.RunInfo, bytes | None]:  # read-only
+            r = await self.ledger.get_run_tr(tr, run_id, owner=owner)
+            return r, await tr.get(self.loop_keys.state(run_id))
+
         try:
-            r = await self.ledger.get_run(run_id, owner=owner)
+            r, raw = await self.db.transact(fn)
         except L.NotFound:
             raise NotFound(f"run {run_id!r} not found") from None
-        return await self._info(r)
+        return self._info(r, raw)
 
     async def wait_settled(self, run_id: str, owner: str) -> dict[str, Any]:
         from .runtime import NotFound
@@ -424,9 +438,14 @@ class Store:
             raise NotFound(f"run {run_id!r} not found") from None
 
     async def list_runs(self, owner: str, conv: str | None) -> list["RunInfo"]:
+        """Read-only: one transaction per conversation, its runs and their loop states together
+        (was one for the runs plus one or two per run)."""
         convs = [conv] if conv is not None else await self.transcripts.list(owner)
         out = []
         for c in convs:
-            for r in await self.ledger.list_runs(owner, c):
-                out.append(await self._info(r))
+            async def fn(tr: Any, c: str = c) -> list[tuple[L.RunInfo, bytes | None]]:  # read-only
+                runs = await self.ledger.list_runs_tr(tr, owner, c)
+                return [(r, await tr.get(self.loop_keys.state(r.id))) for r in runs]
+
+            out.extend(self._info(r, raw) for r, raw in await self.db.transact(fn))
         return out

@@ -676,3 +676,67 @@ async def test_the_lease_keeper_renews_long_runs_polls_cancels_and_idles_without
         assert calls == []
         await rt.run(agent, "k4", "go")  # and it wakes up for the next run
         assert "renew_many" in calls
+
+
+async def test_runs_and_get_run_read_each_conversation_in_one_transaction(rt):
+    """rt.runs(conv) reads the runs and their loop states together (it made one transaction
+    per run more, two for a parked one); rt.get_run is one transaction too."""
+    agent = Agent("lr", model="echo")
+    outs = [await rt.run(agent, "lr1", f"m{i}") for i in range(5)]
+    calls = [0]
+    real = rt.store.db.transact
+
+    async def counting(fn, *a, **kw):
+        calls[0] += 1
+        return await real(fn, *a, **kw)
+
+    rt.store.db.transact = counting
+    try:
+        runs = await rt.runs("lr1")
+        assert calls[0] == 1
+        assert [r.run_id for r in runs] == [o.run_id for o in outs]
+        assert all(r.status == "completed" and r.agent == "lr" and r.attempt == 1 for r in runs)
+        calls[0] = 0
+        info = await rt.get_run(outs[0].run_id)
+        assert calls[0] == 1 and info.agent == "lr" and info.status == "completed"
+    finally:
+        rt.store.db.transact = real
+    with pytest.raises(NotFound):
+        await rt.get_run(outs[0].run_id, owner="other/owner")
+
+
+async def test_the_parked_record_lives_exactly_while_a_call_awaits_approval(rt):
+    """Written with the approval request, cleared by the decision — or by the settle of a run
+    cancelled while parked; a run that never parked has none to clear (its settle skips it)."""
+    from loop.store import may_be_parked
+
+    @tool(requires_approval=True)
+    def risky() -> str:
+        """Needs a yes."""
+        return "done it"
+
+    agent = Agent("p", model=ScriptedModel(tool_then_answer("risky", {})), tools=[risky])
+
+    async def parked_ids():
+        start, stop = rt.store.loop_keys.parked_range()
+        rows = await rt.db.transact(lambda tr: tr.get_range(start, stop))  # read-only
+        return [rt.store.loop_keys.base.unpack(r.key)[1] for r in rows]
+
+    async def park(conv):
+        ack = await rt.submit(agent, conv, "go")
+        async for ev in rt.events(conv, after=ack.cursor):
+            if ev.type == "approval.requested":
+                return ack, ev.data["call_id"]
+
+    a, call_a = await park("pk1")
+    b, _ = await park("pk2")
+    assert sorted(await parked_ids()) == sorted([a.run_id, b.run_id])
+    await rt.approve(a.run_id, call_a, True)
+    assert (await rt.wait(a)).ok
+    await rt.cancel(b.run_id)
+    assert (await rt.wait(b)).status == "cancelled"
+    assert await parked_ids() == []
+    assert may_be_parked((await rt.store.loop_state(a.run_id)))  # its call was decided ("allow")
+    plain = await rt.run(Agent("np", model="echo"), "pk3", "hi")
+    assert not may_be_parked(await rt.store.loop_state(plain.run_id))
+    assert await parked_ids() == []

@@ -14,6 +14,7 @@ same seed, so crash point k is the same instant of the same history.
 
 from __future__ import annotations
 
+import gc
 import time as _time
 from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Callable, Iterator
@@ -90,10 +91,38 @@ class RunResult:
 
 ScenarioFactory = Callable[[World], Scenario]
 
+# The collector's young-generation threshold while a run executes.  A run's objects mostly die by
+# reference count (a bench run ends with at most ~3,500 more tracked objects than it began with,
+# median ~850), so a collection in mid-run examines thousands of live objects (the world, its
+# tasks and coroutines) to free little: with the session-wide threshold of 10,000 used before, the
+# bench paid ~95 such collections at ~7 ms each, ~7% of its CPU.  No bench run reaches this
+# threshold (it only bounds the memory of a pathological run); instead the end of each run
+# collects generations 0-1 once (~0.7 ms: by then the world is garbage).  Measured on the bench:
+# GC 7% -> 2.5% of its CPU, ~10% less CPU in all; traces unchanged (the bench's session hashes
+# are byte-identical: runs do not depend on when the collector runs).
+RUN_GC_GEN0_THRESHOLD = 100_000
+assert RUN_GC_GEN0_THRESHOLD > 0
+
 
 def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0,
              on_world: Callable[[World], Any] | None = None) -> RunResult:
-    """One complete run: boot, drive, recover to quiescence, check."""
+    """One complete run: boot, drive, recover to quiescence, check.
+
+    The cyclic garbage collector waits for the end of the run (see RUN_GC_GEN0_THRESHOLD): then
+    the whole world is garbage and one young-generation collection frees it.
+    """
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], RUN_GC_GEN0_THRESHOLD), *threshold[1:])
+    try:
+        return _run_once(factory, seed, plan, trace_keep, on_world)
+    finally:  # (this run's frames are gone: its world is unreachable)
+        gc.set_threshold(*threshold)
+        if gc.isenabled():
+            gc.collect(1)
+
+
+def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace_keep: int,
+              on_world: Callable[[World], Any] | None) -> RunResult:
     plan = plan or FaultPlan()
     world = World(seed, plan, trace_keep=trace_keep)
     if on_world is not None:

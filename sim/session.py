@@ -7,7 +7,6 @@ its time budget is spent; the summary says how far it got.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import time
@@ -18,16 +17,6 @@ from .faults import FaultPlan
 from .harness import RunResult, exhaustive, random_plan, replay_command, run_once
 
 __all__ = ["Summary", "Failure", "all_scenarios", "plan_runs", "run_session", "shrink"]
-
-# The collector's young-generation threshold during a session.  Every run allocates a few hundred
-# thousand short-lived containers (cbor maps, tuples, trio tasks) and leaves its world as cyclic
-# garbage; at the default 700 the collector ran ~1,700 times per bench session, ~10% of its CPU.
-# 10,000 halves that (measured: larger thresholds were slower again, freezing the heap added little).
-# Runs do not depend on when the collector runs: the bench's traces were byte-identical at every
-# threshold tried (and the determinism tests replay seeds in fresh processes).
-SESSION_GC_GEN0_THRESHOLD = 10_000
-assert SESSION_GC_GEN0_THRESHOLD > 0
-
 
 def all_scenarios() -> dict[str, type]:
     from .kvworkloads import CycleScenario, OutboxScenario
@@ -151,8 +140,6 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     previous = logging.root.manager.disable
     if quiet:
         logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
-    gc_threshold = gc.get_threshold()
-    gc.set_threshold(max(gc_threshold[0], SESSION_GC_GEN0_THRESHOLD), *gc_threshold[1:])
     try:
         for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan):
             it: Iterator[RunResult] = work[1] if isinstance(work, tuple) else iter([work()])
@@ -169,7 +156,6 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
                 break
     finally:
         logging.disable(previous)
-        gc.set_threshold(*gc_threshold)
         summary.wall_seconds = time.perf_counter() - t0
         summary.cpu_seconds = time.process_time() - c0
     return summary

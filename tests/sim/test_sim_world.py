@@ -56,6 +56,20 @@ def test_process_globals_are_restored_after_a_run():
     assert len({os.urandom(8) for _ in range(3)}) == 3
 
 
+def test_a_run_frees_its_world_when_it_ends_and_restores_the_collector():
+    """The collector waits for the end of a run (sim.harness.RUN_GC_GEN0_THRESHOLD), then frees the
+    world (cyclic garbage) at once: a session of many runs does not accumulate worlds."""
+    import gc
+    import weakref
+
+    box = {}
+    before = gc.get_threshold()
+    r = run_once(SCENARIOS["tool"], 3, on_world=lambda w: box.setdefault("w", weakref.ref(w)))
+    assert r.ok and r.commits > 0
+    assert box["w"]() is None  # collected by run_once itself, not by this test
+    assert gc.get_threshold() == before
+
+
 def test_buggify_enables_a_quarter_of_sites_and_fires_a_quarter_of_the_time():
     b = Buggify(random.Random(1), enabled=True)
     fired = [sum(b(f"site-{i}") for _ in range(200)) for i in range(400)]

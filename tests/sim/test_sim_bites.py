@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-import ledger
 import ledger.runs
 import loop.runner
 import sessions.journal
@@ -48,18 +47,7 @@ def test_recovery_that_reruns_a_dangling_tool_is_caught(monkeypatch):
     _assert_bites(_search(monkeypatch, "tool"), "tool_at_most_once", "tool")
 
 
-def test_a_skipped_submission_hash_check_is_caught(monkeypatch):
-    if hasattr(ledger.runs, "encode_request"):  # a request's body and hash made in one encoding
-        encode = ledger.runs.encode_request
-
-        def same_hash(delivery, result_schema):
-            return encode(delivery, result_schema)[0], "every request looks the same"
-
-        for module in (ledger, ledger.runs):  # (callers reach it through either)
-            if hasattr(module, "encode_request"):
-                monkeypatch.setattr(module, "encode_request", same_hash)
-    else:
-        monkeypatch.setattr(ledger.runs, "canonical_hash", lambda request: "every request looks the same")
+def test_a_skipped_submission_hash_check_is_caught(monkeypatch, break_submission_hash):
     _assert_bites(_search(monkeypatch, "duplicate"), "submission_conflict", "duplicate")
 
 

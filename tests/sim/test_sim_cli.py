@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import ledger.runs
 from server.cli import main
 
 
@@ -20,8 +19,7 @@ def test_sim_command_prints_the_summary_and_trace(capsys):
     assert f"trace: {trace}" in capsys.readouterr().out  # same arguments, same trace
 
 
-def test_a_failure_prints_the_seed_and_the_replay_command(capsys, monkeypatch):
-    monkeypatch.setattr(ledger.runs, "canonical_hash", lambda request: "same")
+def test_a_failure_prints_the_seed_and_the_replay_command(capsys, break_submission_hash):
     rc = main(["sim", "--scenario", "duplicate", "--seed", "9", "--exhaustive", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 1

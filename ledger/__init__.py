@@ -63,13 +63,14 @@ from .errors import (ConversationBusy, InvalidState, LeaseLost, LedgerError, Not
                      SubmissionConflict, UsageConflict, UsageLimitExceeded)
 from .keyspace import LedgerKeyspace
 from .runs import (CANCELLED, COMPLETED, DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, FAILED, MAX_RENEW_BATCH,
-                   PARKED, QUEUED, RUNNING, SETTLED_STATES, Acknowledgement, Lease, Ledger, RunInfo, cancelled, completed, failed)
+                   PARKED, QUEUED, RUNNING, SETTLED_STATES, Acknowledgement, Lease, Ledger, RunInfo, cancelled, completed,
+                   encode_request, failed)
 from .steps import idempotency_key
 from .usage import TOTAL_TOKENS
 
 __all__ = [
     "Ledger", "Lease", "Acknowledgement", "RunInfo", "LedgerKeyspace",
-    "completed", "failed", "cancelled", "idempotency_key", "TOTAL_TOKENS",
+    "completed", "failed", "cancelled", "idempotency_key", "encode_request", "TOTAL_TOKENS",
     "QUEUED", "RUNNING", "PARKED", "COMPLETED", "FAILED", "CANCELLED", "SETTLED_STATES",
     "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "MAX_RENEW_BATCH",
     "LedgerError", "NotFound", "SubmissionConflict", "ConversationBusy", "LeaseLost",

@@ -49,7 +49,8 @@ import trio
 
 import kv
 from sessions import events as ev
-from sessions.codec import canonical_hash, dumps, fastpack, id_source, loads, pack_i64, read_chunks, write_chunks
+from sessions.codec import (canonical_dumps_and_hash, dumps, fastpack, id_source, loads, pack_i64, read_chunks,
+                           write_chunks)
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
 from sessions.owners import OwnerLike, as_tag
 
@@ -62,6 +63,7 @@ __all__ = [
     "Ledger", "Lease", "Acknowledgement", "RunInfo", "Policy",
     "QUEUED", "RUNNING", "PARKED", "COMPLETED", "FAILED", "CANCELLED", "SETTLED_STATES",
     "DEFAULT_MAX_ATTEMPTS", "DEFAULT_LEASE_SECONDS", "MAX_RENEW_BATCH", "completed", "failed", "cancelled",
+    "encode_request",
 ]
 
 QUEUED, RUNNING, PARKED = "queued", "running", "parked"
@@ -91,6 +93,13 @@ MAX_REQUEST_BYTES = 4_000_000
 MAX_EVENT_RESULT_BYTES = 16_000
 MAX_ID = 512
 assert CLAIM_WINDOW >= 1 and DEFAULT_MAX_ATTEMPTS <= MAX_MAX_ATTEMPTS
+
+
+def encode_request(delivery: Any, result_schema: Any) -> tuple[bytes, str]:
+    """A submission's request as stored (its body) and its hash: the body is the canonical
+    CBOR of ``{"delivery", "result_schema"}`` and the hash SHA-256 of that very body, so
+    one encoding serves both (the hash is the same ``canonical_hash`` as ever)."""
+    return canonical_dumps_and_hash({"delivery": delivery, "result_schema": result_schema})
 
 
 def _check_id(kind: str, value: str) -> str:
@@ -275,14 +284,17 @@ class Ledger:
                         owner: OwnerLike, conversation: str, policy: Policy = "queue",
                         limits: Mapping[str, int] | None = None,
                         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                        claim: "_ClaimOnSubmit | None" = None) -> _PendingAck:
+                        claim: "_ClaimOnSubmit | None" = None,
+                        encoded: tuple[bytes, str] | None = None) -> _PendingAck:
         """Submit in ``tr``. Guarded by the submission record (read first).
         ``await (await ledger.submit_tr(...)).result()`` after commit gives the acknowledgement.
 
         With ``claim`` (see :meth:`submit_and_claim`) a new run that is its
         conversation's active run at once is leased to ``claim.worker_id`` in
         this same transaction instead of entering the ready index; the
-        pending acknowledgement's ``lease`` is then set."""
+        pending acknowledgement's ``lease`` is then set. ``encoded``:
+        :func:`encode_request` of this delivery and schema, made once before
+        the transaction (not again in each attempt)."""
         tag = as_tag(owner)
         _check_id("submission id", submission_id)
         check_conversation_id(conversation)
@@ -290,11 +302,9 @@ class Ledger:
             raise ValueError(f"policy is one of {POLICIES}")
         if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
             raise ValueError(f"max_attempts must be in 1..{MAX_MAX_ATTEMPTS}")
-        request = {"delivery": delivery, "result_schema": result_schema}
-        body = dumps(request)
+        body, digest = encoded if encoded is not None else encode_request(delivery, result_schema)
         if len(body) > MAX_REQUEST_BYTES:
             raise ValueError(f"a submission of {len(body)} bytes exceeds {MAX_REQUEST_BYTES}")
-        digest = canonical_hash(request)
         raw = await tr.get(self.keys.submission(tag, submission_id))
         if raw is not None:
             rec = loads(raw)
@@ -377,9 +387,10 @@ class Ledger:
                      max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Acknowledgement:
         """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
         sid = submission_id or self.new_id()
+        encoded = encode_request(delivery, result_schema)
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
-            limits=limits, max_attempts=max_attempts))
+            limits=limits, max_attempts=max_attempts, encoded=encoded))
         self.journal.note_committed(owner, conversation)  # it journaled run.queued
         return await pending.result()
 
@@ -389,6 +400,7 @@ class Ledger:
                                limits: Mapping[str, int] | None = None,
                                max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                                on_claimed: Callable[[Any, Lease], Awaitable[Any]] | None = None,
+                               encoded: tuple[bytes, str] | None = None,
                                ) -> tuple[Acknowledgement, Lease | None]:
         """Submit and, when the new run can start at once (its conversation has no active
         run), claim it for ``worker_id`` in the same transaction: one commit where
@@ -403,16 +415,19 @@ class Ledger:
         Guarded by the submission record, as :meth:`submit`; the lease carries a nonce
         chosen before the first attempt, so a retry after ``commit_unknown_result``
         whose first attempt committed finds its own lease and returns it (without
-        ``prepared``: the hook did not run again).
+        ``prepared``: the hook did not run again). ``encoded``: as for :meth:`submit_tr`
+        (a caller that needs the request as stored decodes its body: ``loads(encoded[0])``).
         """
         _check_id("worker id", worker_id)
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         sid = submission_id or self.new_id()
         claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
+        if encoded is None:
+            encoded = encode_request(delivery, result_schema)
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
-            limits=limits, max_attempts=max_attempts, claim=claim))
+            limits=limits, max_attempts=max_attempts, claim=claim, encoded=encoded))
         self.journal.note_committed(owner, conversation)  # it journaled run.queued
         return await pending.result(), pending.lease
 

@@ -80,7 +80,7 @@ class ToolContext:
         attempt: int = 1,
         step_impl: Callable[[str, Callable[[], Any]], Awaitable[Any]] | None = None,
         cancel_event: trio.Event | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | Callable[[], str] | None = None,
     ) -> None:
         self.run_id = run_id
         self.conversation = conversation
@@ -95,7 +95,10 @@ class ToolContext:
 
     @property
     def idempotency_key(self) -> str:
-        return self._idempotency_key or f"{self.run_id}:{self.call_id}"
+        key = self._idempotency_key
+        if callable(key):  # computed on first use (most tools never ask for it)
+            key = self._idempotency_key = key()
+        return key or f"{self.run_id}:{self.call_id}"
 
     @property
     def cancelled(self) -> bool:

@@ -570,9 +570,10 @@ class Runner:
                 context = model_context(self.messages)
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         await Hooks.call(agent.hooks.before_model_call if agent.hooks else None, info)
+        # The pre-flight reserve: only a run with usage ceilings needs the estimate and the read.
         refusal = await self.store.reserve(
             self.claim, estimate_context_tokens(info.system, info.messages), agent.max_tokens or 0
-        )
+        ) if self.claim.limits else None
         if refusal is not None:
             await self._fail({"type": "usage_limit", "message": refusal})
             return
@@ -834,7 +835,8 @@ class Runner:
         if t is None:
             await self._tool_result(call, f"Unknown tool {name!r}.", True, "unknown_tool", rest)
             return
-        errors = t.check_arguments(args)
+        # (a call this attempt started was validated before it was marked started: _startable)
+        errors = t.check_arguments(args) if cid not in self._started_here else None
         if errors:
             await self._tool_result(call, "Invalid arguments: " + "; ".join(errors), True, "invalid_arguments", rest)
             return
@@ -857,7 +859,7 @@ class Runner:
         ctx = ToolContext(
             run_id=self.run_id, conversation=self.conv, call_id=cid, tool_name=name,
             attempt=self.claim.attempt, step_impl=self._step_impl, cancel_event=self.cancel_event,
-            idempotency_key=self.store.idempotency_key(self.run_id, f"tool/{cid}"),
+            idempotency_key=lambda: self.store.idempotency_key(self.run_id, f"tool/{cid}"),
         )
         try:
             value = await t.invoke(args, ctx)

@@ -191,8 +191,10 @@ class Store:
         from .runtime import Acknowledgement
 
         # The request as the ledger stores it (what a claim elsewhere would read back), so a
-        # run begun here sees exactly what a worker's claim would have.
-        request = loads(dumps({"delivery": delivery, "result_schema": schema}))
+        # run begun here sees exactly what a worker's claim would have; encoded once, for the
+        # ledger too.
+        encoded = L.encode_request(delivery, schema)
+        request = loads(encoded[0])
         delivery_s, schema_s = request["delivery"], request["result_schema"]
 
         def on_claimed_with(with_prepare: bool) -> Callable[[Any, L.Lease], Awaitable[Claim]]:
@@ -214,7 +216,7 @@ class Store:
                 submission_id, delivery, schema, owner=owner, conversation=conv, worker_id=worker,
                 lease_seconds=self.lease_seconds, policy=policy, limits=limits,  # type: ignore[arg-type]
                 max_attempts=self.max_attempts,  # see submit
-                on_claimed=on_claimed_with(with_prepare))
+                on_claimed=on_claimed_with(with_prepare), encoded=encoded)
 
         try:
             ack, lease = await go(True)

@@ -21,7 +21,7 @@ import cbor2
 import kv
 
 __all__ = [
-    "fastpack", "dumps", "loads", "canonical_hash", "pack_i64", "unpack_i64",
+    "fastpack", "dumps", "loads", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
 ]
 
@@ -42,6 +42,13 @@ def loads(data: bytes) -> Any:
 def canonical_hash(value: Any) -> str:
     """SHA-256 hex over canonical CBOR (sorted map keys), stable across processes."""
     return hashlib.sha256(cbor2.dumps(value, canonical=True)).hexdigest()
+
+
+def canonical_dumps_and_hash(value: Any) -> tuple[bytes, str]:
+    """The canonical CBOR of ``value`` and :func:`canonical_hash` of it, from one encoding
+    (a value stored canonically needs no second encoding to be hashed)."""
+    body = cbor2.dumps(value, canonical=True)
+    return body, hashlib.sha256(body).hexdigest()
 
 
 def pack_i64(n: int) -> bytes:

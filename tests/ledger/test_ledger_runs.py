@@ -435,3 +435,21 @@ async def test_cancels_requested_reads_several_runs_at_once(db):
     await L.cancel(acks[1].run_id)
     assert await L.cancels_requested([a.run_id for a in acks]) == {acks[1].run_id}
     assert await L.cancels_requested([]) == set()
+
+
+async def test_the_request_is_stored_canonically_and_hashed_from_that_one_encoding(db):
+    from ledger import encode_request
+    from sessions.codec import canonical_hash, loads
+
+    _, L = make(db)
+    delivery = {"message": "hi", "agent": "a", "limits": {"max_total_tokens": 5}, "f": 1.5}
+    body, digest = encode_request(delivery, {"type": "object"})
+    assert digest == canonical_hash({"delivery": delivery, "result_schema": {"type": "object"}})
+    assert loads(body) == {"delivery": delivery, "result_schema": {"type": "object"}}
+    ack = await L.submit("canon", delivery, {"type": "object"}, owner=OWNER, conversation="c")
+    assert await L.get_request(ack.run_id) == (delivery, {"type": "object"})
+    reordered = dict(reversed(list(delivery.items())))
+    again = await L.submit("canon", reordered, {"type": "object"}, owner=OWNER, conversation="c")
+    assert again.run_id == ack.run_id and not again.created
+    with pytest.raises(SubmissionConflict):
+        await L.submit("canon", {**delivery, "f": 2.5}, {"type": "object"}, owner=OWNER, conversation="c")

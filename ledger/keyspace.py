@@ -44,7 +44,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import kv
-from sessions.codec import fastpack
+from sessions.codec import fastpack, pack_str
 
 #: Packed keys are pure functions of their parts; tuple packing costs tens of
 #: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
@@ -54,6 +54,11 @@ from sessions.codec import fastpack
 _CACHE = 1_024
 
 __all__ = ["LedgerKeyspace"]
+
+# Packed constant parts: a key is a cached packed prefix + its variable parts (tuple encoding
+# concatenates), so building one encodes only what varies.
+_O, _SUB, _SBD, _SBC, _CS, _Q, _H = (pack_str(p) for p in ("o", "sub", "sbd", "sbc", "cs", "q", "h"))
+_RUN, _OUT, _RL, _CX, _U, _S, _T = (pack_str(p) for p in ("run", "out", "rl", "cx", "u", "s", "t"))
 
 
 class LedgerKeyspace:
@@ -73,27 +78,32 @@ class LedgerKeyspace:
     def _sub(self, t: tuple) -> "kv.Subspace":
         return kv.Subspace(raw_prefix=fastpack(self._b, t))
 
+    @lru_cache(maxsize=_CACHE)
+    def _owned(self, tag: str) -> bytes:
+        """The packed ``("o", T)`` prefix of an owner's keys."""
+        return self._b + _O + pack_str(tag)
+
     # submissions
     @lru_cache(maxsize=_CACHE)
     def submission(self, tag: str, sid: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "sub", sid))
+        return self._owned(tag) + _SUB + pack_str(sid)
 
     @lru_cache(maxsize=_CACHE)
     def submission_body(self, tag: str, sid: str) -> "kv.Subspace":
-        return self._sub(("o", tag, "sbd", sid))
+        return kv.Subspace(raw_prefix=self._owned(tag) + _SBD + pack_str(sid))
 
     @lru_cache(maxsize=_CACHE)
     def submission_cursor(self, tag: str, sid: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "sbc", sid))
+        return self._owned(tag) + _SBC + pack_str(sid)
 
     # conversations
     @lru_cache(maxsize=_CACHE)
     def conversation_state(self, tag: str, conv: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "cs", conv))
+        return self._owned(tag) + _CS + pack_str(conv)
 
     @lru_cache(maxsize=_CACHE)
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
-        return fastpack(self._b, ("o", tag, "q", conv, seq))
+        return fastpack(self._owned(tag) + _Q + pack_str(conv), (seq,))
 
     @lru_cache(maxsize=_CACHE)
     def fifo_range(self, tag: str, conv: str) -> slice:
@@ -101,7 +111,7 @@ class LedgerKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def history(self, tag: str, conv: str, seq: int) -> bytes:
-        return fastpack(self._b, ("o", tag, "h", conv, seq))
+        return fastpack(self._owned(tag) + _H + pack_str(conv), (seq,))
 
     @lru_cache(maxsize=_CACHE)
     def history_range(self, tag: str, conv: str) -> slice:
@@ -110,19 +120,19 @@ class LedgerKeyspace:
     # runs
     @lru_cache(maxsize=_CACHE)
     def run(self, run_id: str) -> bytes:
-        return fastpack(self._b, ("run", run_id))
+        return self._b + _RUN + pack_str(run_id)
 
     @lru_cache(maxsize=_CACHE)
     def outcome(self, run_id: str) -> "kv.Subspace":
-        return self._sub(("out", run_id))
+        return kv.Subspace(raw_prefix=self._b + _OUT + pack_str(run_id))
 
     @lru_cache(maxsize=_CACHE)
     def lease(self, run_id: str) -> bytes:
-        return fastpack(self._b, ("rl", run_id))
+        return self._b + _RL + pack_str(run_id)
 
     @lru_cache(maxsize=_CACHE)
     def cancel(self, run_id: str) -> bytes:
-        return fastpack(self._b, ("cx", run_id))
+        return self._b + _CX + pack_str(run_id)
 
     def ready(self, ready_us: int, run_id: str) -> bytes:
         return fastpack(self._b, ("rd", ready_us, run_id))
@@ -142,11 +152,11 @@ class LedgerKeyspace:
     # usage
     @lru_cache(maxsize=_CACHE)
     def usage_step(self, run_id: str, step_id: str) -> bytes:
-        return fastpack(self._b, ("u", run_id, "s", step_id))
+        return self._b + _U + pack_str(run_id) + _S + pack_str(step_id)
 
     @lru_cache(maxsize=_CACHE)
     def usage_total(self, run_id: str, field: str) -> bytes:
-        return fastpack(self._b, ("u", run_id, "t", field))
+        return self._b + _U + pack_str(run_id) + _T + pack_str(field)
 
     @lru_cache(maxsize=_CACHE)
     def usage_totals_range(self, run_id: str) -> slice:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kv
-from sessions.codec import dumps, fastpack, loads
+from sessions.codec import dumps, loads, pack_str
 
 __all__ = ["LoopKeyspace", "LoopState", "CALL_STARTED", "CALL_APPROVAL", "CALL_APPROVED", "CALL_DENIED", "CALL_DONE"]
 
@@ -43,6 +43,8 @@ CALL_APPROVAL = "approval"
 CALL_APPROVED = "approved"
 CALL_DENIED = "denied"
 CALL_DONE = "done"
+
+_R, _P = pack_str("r"), pack_str("p")
 
 
 class LoopKeyspace:
@@ -53,13 +55,13 @@ class LoopKeyspace:
         self.base = self.root["lp"]
         self._b = self.base.key()
 
-    # Built by sessions.codec.fastpack (the tuple encoding, several times cheaper than
-    # Subspace.pack): every runner commit reads and writes the state key.
+    # A packed prefix + the packed run id (tuple encoding concatenates; several times cheaper
+    # than Subspace.pack): every runner commit reads and writes the state key.
     def state(self, run_id: str) -> bytes:
-        return fastpack(self._b, ("r", run_id))
+        return self._b + _R + pack_str(run_id)
 
     def parked(self, run_id: str) -> bytes:
-        return fastpack(self._b, ("p", run_id))
+        return self._b + _P + pack_str(run_id)
 
     def parked_range(self) -> tuple[bytes, bytes]:
         r = self.base.range(("p",))

@@ -21,7 +21,7 @@ import cbor2
 import kv
 
 __all__ = [
-    "fastpack", "dumps", "loads", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
+    "fastpack", "pack_str", "dumps", "loads", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
 ]
 
@@ -124,6 +124,13 @@ def _enc(part: Any) -> bytes:
 
 #: Tuple codes of the integers 0..255 (keys number messages, chunks, FIFO slots with them).
 _SMALL_INTS = [b"\x14"] + [bytes((0x15, i)) for i in range(1, 256)]
+
+
+def pack_str(part: str) -> bytes:
+    """The tuple encoding of one str part: keyspaces append it to a cached packed prefix
+    (tuple encoding concatenates), so a key costs one part's encoding, not all of them."""
+    b = part.encode()
+    return (b"\x02" + b + b"\x00") if b"\x00" not in b else _enc(part)
 
 
 def fastpack(prefix: bytes, parts: tuple) -> bytes:

@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import kv
 
-from .codec import fastpack
+from .codec import fastpack, pack_str
 
 #: Packed keys are pure functions of their parts; tuple packing costs tens of
 #: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
@@ -57,6 +57,11 @@ from .codec import fastpack
 _CACHE = 1_024
 
 __all__ = ["SessionsKeyspace", "DEFAULT_ROOT", "default_root"]
+
+# Packed constant parts: a hot key is a cached packed prefix + its variable parts (tuple
+# encoding concatenates), so building one encodes only what varies.
+_O, _CV, _JN, _E, _N, _T, _W = (pack_str(p) for p in ("o", "cv", "jn", "e", "n", "t", "w"))
+_SS, _HD, _META, _M, _SL = (pack_str(p) for p in ("ss", "h", "meta", "m", "sl"))
 
 #: The default deployment root: ``kv.Subspace((b"surefoot",))``.
 DEFAULT_ROOT = (b"surefoot",)
@@ -86,10 +91,25 @@ class SessionsKeyspace:
     def owner_range(self, tag: str) -> slice:
         return self.base.range(("o", tag))
 
+    @lru_cache(maxsize=_CACHE)
+    def _owned(self, tag: str) -> bytes:
+        """The packed ``("o", T)`` prefix of an owner's keys."""
+        return self._b + _O + pack_str(tag)
+
+    @lru_cache(maxsize=_CACHE)
+    def _journal(self, tag: str, conv: str) -> bytes:
+        """The packed ``("o", T, "jn", conv)`` prefix of a conversation's journal keys."""
+        return self._owned(tag) + _JN + pack_str(conv)
+
+    @lru_cache(maxsize=_CACHE)
+    def _session(self, tag: str, sid: str) -> bytes:
+        """The packed ``("o", T, "ss", sid)`` prefix of a session's keys."""
+        return self._owned(tag) + _SS + pack_str(sid)
+
     # -- conversations and journal -----------------------------------------
     @lru_cache(maxsize=_CACHE)
     def conversation(self, tag: str, conv: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "cv", conv))
+        return self._owned(tag) + _CV + pack_str(conv)
 
     @lru_cache(maxsize=_CACHE)
     def conversations_range(self, tag: str) -> slice:
@@ -98,33 +118,33 @@ class SessionsKeyspace:
     @lru_cache(maxsize=_CACHE)
     def events(self, tag: str, conv: str) -> "kv.Subspace":
         """Subspace of the journal's events; keys are ``(<versionstamp>,)`` inside it."""
-        return self._sub(("o", tag, "jn", conv, "e"))
+        return kv.Subspace(raw_prefix=self._journal(tag, conv) + _E)
 
     @lru_cache(maxsize=_CACHE)
     def emitted(self, tag: str, conv: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "jn", conv, "n"))
+        return self._journal(tag, conv) + _N
 
     @lru_cache(maxsize=_CACHE)
     def trimmed(self, tag: str, conv: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "jn", conv, "t"))
+        return self._journal(tag, conv) + _T
 
     @lru_cache(maxsize=_CACHE)
     def watermark(self, tag: str, conv: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "jn", conv, "w"))
+        return self._journal(tag, conv) + _W
 
     # -- sessions (transcripts) --------------------------------------------
     @lru_cache(maxsize=_CACHE)
     def head(self, tag: str, sid: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "ss", sid, "h"))
+        return self._session(tag, sid) + _HD
 
     @lru_cache(maxsize=_CACHE)
     def meta(self, tag: str, sid: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "ss", sid, "meta"))
+        return self._session(tag, sid) + _META
 
     @lru_cache(maxsize=_CACHE)
     def messages(self, tag: str, sid: str) -> "kv.Subspace":
         """Subspace of message chunks: keys ``(seq, chunk)``."""
-        return self._sub(("o", tag, "ss", sid, "m"))
+        return kv.Subspace(raw_prefix=self._session(tag, sid) + _M)
 
     @lru_cache(maxsize=_CACHE)
     def session_range(self, tag: str, sid: str) -> slice:
@@ -132,7 +152,7 @@ class SessionsKeyspace:
 
     @lru_cache(maxsize=_CACHE)
     def session_listing(self, tag: str, sid: str) -> bytes:
-        return fastpack(self._b, ("o", tag, "sl", sid))
+        return self._owned(tag) + _SL + pack_str(sid)
 
     @lru_cache(maxsize=_CACHE)
     def session_listing_range(self, tag: str) -> slice:

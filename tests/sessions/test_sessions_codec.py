@@ -43,3 +43,38 @@ def test_canonical_hash_ignores_key_order_and_sees_values():
     assert canonical_hash(a) == canonical_hash(b)
     assert canonical_hash(a) != canonical_hash({**a, "result_schema": {"type": "string"}})
     assert canonical_hash({"x": 1.5}) != canonical_hash({"x": 1})
+
+
+def test_every_hot_key_is_the_tuple_encoding_of_its_documented_parts():
+    """The sessions and ledger keyspaces build hot keys from cached packed prefixes: each
+    must equal the tuple encoding of the parts their module docstrings list."""
+    from ledger.keyspace import LedgerKeyspace
+    from sessions.keyspace import SessionsKeyspace
+
+    root = kv.Subspace((b"root",))
+    s, L = SessionsKeyspace(root), LedgerKeyspace(root)
+    sb, lb = root["s"], root["l"]
+    for tag in ("realm/subject", "r\x00/s", "é/ü"):
+        for x in ("abc", "x\x00y", "é" * 40, ""):
+            assert s.conversation(tag, x) == sb.pack(("o", tag, "cv", x))
+            assert s.events(tag, x).raw_prefix == sb.pack(("o", tag, "jn", x, "e"))
+            assert s.emitted(tag, x) == sb.pack(("o", tag, "jn", x, "n"))
+            assert s.trimmed(tag, x) == sb.pack(("o", tag, "jn", x, "t"))
+            assert s.watermark(tag, x) == sb.pack(("o", tag, "jn", x, "w"))
+            assert s.head(tag, x) == sb.pack(("o", tag, "ss", x, "h"))
+            assert s.meta(tag, x) == sb.pack(("o", tag, "ss", x, "meta"))
+            assert s.messages(tag, x).raw_prefix == sb.pack(("o", tag, "ss", x, "m"))
+            assert s.session_listing(tag, x) == sb.pack(("o", tag, "sl", x))
+            assert L.submission(tag, x) == lb.pack(("o", tag, "sub", x))
+            assert L.submission_body(tag, x).raw_prefix == lb.pack(("o", tag, "sbd", x))
+            assert L.submission_cursor(tag, x) == lb.pack(("o", tag, "sbc", x))
+            assert L.conversation_state(tag, x) == lb.pack(("o", tag, "cs", x))
+            for seq in (0, 1, 255, 256, 70_000):
+                assert L.fifo(tag, x, seq) == lb.pack(("o", tag, "q", x, seq))
+                assert L.history(tag, x, seq) == lb.pack(("o", tag, "h", x, seq))
+            assert L.run(x) == lb.pack(("run", x))
+            assert L.outcome(x).raw_prefix == lb.pack(("out", x))
+            assert L.lease(x) == lb.pack(("rl", x))
+            assert L.cancel(x) == lb.pack(("cx", x))
+            assert L.usage_step(x, tag) == lb.pack(("u", x, "s", tag))
+            assert L.usage_total(x, tag) == lb.pack(("u", x, "t", tag))

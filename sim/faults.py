@@ -92,11 +92,18 @@ class Buggify:
 def digest_mutations(mutations: list[Any]) -> str:
     """A short hash of a commit's mutations for the trace: every part, each followed by a NUL."""
     parts: list[bytes] = []
+    append = parts.append
     for m in mutations:
         for part in m:
-            parts.append(part if isinstance(part, bytes) else
-                         bytes(part) if isinstance(part, bytearray) else str(part).encode())
-    parts.append(b"")
+            t = type(part)
+            if t is bytes:  # (exact types first: the common cases, without isinstance)
+                append(part)
+            elif t is str:
+                append(part.encode())
+            else:
+                append(part if isinstance(part, bytes) else
+                       bytes(part) if isinstance(part, bytearray) else str(part).encode())
+    append(b"")
     return hashlib.blake2b(b"\x00".join(parts), digest_size=8).hexdigest()
 
 

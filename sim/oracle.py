@@ -24,7 +24,7 @@ orders them, and they commit nothing).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable
 
 import trio
 from sortedcontainers import SortedDict
@@ -53,37 +53,52 @@ class RecordingTransaction(Transaction):
         self._sim_log: list[tuple] = []
         self._sim_k = None
 
-    async def _latency(self, commit: bool = False) -> None:
-        """Simulated network latency: a read or commit yields, so transactions really interleave.
+    def _network(self, commit: bool = False) -> Awaitable[None] | None:
+        """Simulated network latency: what to await before a read or commit is answered (None: at once).
 
-        (The memory engine answers reads synchronously and a lone commit
-        without a checkpoint; without this, concurrent transactions would
-        never overlap and conflicts would never be exercised.)  A wait is
-        the world clock's cheap sleep (:meth:`VirtualClock.sleep`).
+        A read or commit may yield, so transactions really interleave.  (The
+        memory engine answers reads synchronously and a lone commit without a
+        checkpoint; without this, concurrent transactions would never overlap
+        and conflicts would never be exercised.)  A wait is the world clock's
+        cheap sleep (:meth:`VirtualClock.sleep`).  A plain method returning the
+        awaitable, not a coroutine: most reads are answered at once, and each
+        read then creates no coroutine for the decision.
         """
         world = self.db.world
         if world is None:
-            return
+            return None
         proc = self.db.process
         if proc is not None and proc.clogged_until and proc.clogged_until > world.clock._now:
-            await proc.wait_unclogged()  # cut off from the store (clogged)
+            return self._clogged(world, proc, commit)  # cut off from the store (clogged)
         delay = world.latency(commit)
         if delay is None:
-            return  # answered at once
+            return None  # answered at once
+        return world.clock.sleep(delay) if delay else trio.lowlevel.checkpoint()
+
+    @staticmethod
+    async def _clogged(world: "World", proc: "Process", commit: bool) -> None:
+        await proc.wait_unclogged()
+        delay = world.latency(commit)
+        if delay is None:
+            return
         if delay:
             await world.clock.sleep(delay)
         else:
             await trio.lowlevel.checkpoint()
 
     async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        await self._latency()
+        wait = self._network()
+        if wait is not None:
+            await wait
         value = await super()._get(key, snapshot)
         if not snapshot:
             self._sim_log.append(("get", len(self._mutations), key, value))
         return value
 
     async def _get_range(self, begin: Any, end: Any, limit: int, reverse: bool, snapshot: bool) -> list:
-        await self._latency()
+        wait = self._network()
+        if wait is not None:
+            await wait
         begin, end = await self._resolve_bounds(begin, end, snapshot)
         rows = await super()._get_range(begin, end, limit, reverse, snapshot)
         if not snapshot:
@@ -91,7 +106,9 @@ class RecordingTransaction(Transaction):
         return rows
 
     async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
-        await self._latency()
+        wait = self._network()
+        if wait is not None:
+            await wait
         result = await super()._get_key(sel, snapshot)
         if not snapshot:
             self._sim_log.append(("key", len(self._mutations), sel.key, sel.or_equal, sel.offset, result))
@@ -100,7 +117,9 @@ class RecordingTransaction(Transaction):
     async def commit(self) -> None:
         hooks = self._engine.hooks
         if self._mutations or self._write_ranges:
-            await self._latency(commit=True)
+            wait = self._network(commit=True)
+            if wait is not None:
+                await wait
         try:
             await super().commit()
         finally:

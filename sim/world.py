@@ -222,7 +222,7 @@ class Trace:
         self.tail: list[str] = []
 
     def add(self, *parts: Any) -> None:
-        line = "|".join(p.hex() if isinstance(p, (bytes, bytearray)) else str(p) for p in parts)
+        line = "|".join([p.hex() if isinstance(p, (bytes, bytearray)) else str(p) for p in parts])
         self._h.update(line.encode())
         self._h.update(b"\n")
         self.count += 1
@@ -444,10 +444,16 @@ class World:
             break
         result: Any = None
         finished = False
+        scope = trio.CancelScope()  # (proc.attached() inlined: one per client call; proc is alive here)
+        scopes = proc._scopes
         try:
-            with proc.attached():
-                result = await fn(proc.app)
-                finished = True
+            with scope:
+                scopes.add(scope)
+                try:
+                    result = await fn(proc.app)
+                    finished = True
+                finally:
+                    scopes.discard(scope)
         except Crash:
             pass
         except BaseExceptionGroup as eg:  # noqa: F821 - py311 builtin

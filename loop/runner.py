@@ -38,6 +38,8 @@ import trio
 import kv
 import ledger as L
 from sessions import events as E
+from sessions.errors import NotFound as SessionNotFound
+from sessions.transcript import MAX_READ_PAGE
 
 from . import messages as M
 from .agents import Agent, Hooks, ModelCallInfo, ToolCallInfo, ToolContext
@@ -407,9 +409,6 @@ class Runner:
         takeover, a resumed park) or its transcript is longer than one page:
         the runner's ordinary path handles those.
         """
-        from sessions.errors import NotFound as SessionNotFound
-        from sessions.transcript import MAX_READ_PAGE
-
         run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
         new_run = claim.lease.new_run  # created by this very transaction: no state, no cancel yet
         if not new_run and await tr.get(store.loop_keys.state(run_id)) is not None:

@@ -60,6 +60,20 @@ def may_be_parked(state: LoopState) -> bool:
     return any(c.get("state") == CALL_APPROVAL or "allow" in c for c in state.calls.values())
 
 
+def _runtime() -> Any:
+    """``loop.runtime`` (which imports this module, so it is resolved on first use, once:
+    an import statement in a hot method costs the import machinery every call)."""
+    global _RUNTIME_MODULE
+    if _RUNTIME_MODULE is None:
+        from . import runtime
+
+        _RUNTIME_MODULE = runtime
+    return _RUNTIME_MODULE
+
+
+_RUNTIME_MODULE: Any = None
+
+
 class ApprovalError(Exception):
     """No approval is pending for that call (already resolved differently, or never requested)."""
 
@@ -165,8 +179,7 @@ class Store:
     async def submit(self, owner: str, conv: str, submission_id: str, delivery: Any, schema: Any, *,
                      policy: str = "queue", limits: Mapping[str, int] | None = None) -> "Acknowledgement":
         """Guarded by the ledger's submission record (a retry returns the same run)."""
-        from .runtime import Acknowledgement
-
+        Acknowledgement = _runtime().Acknowledgement
         # max_attempts is the bound on attempts at the work. The claim after the last one is
         # handed to a worker as ``lease.exhausted`` (Store.claim passes finalize_exhausted):
         # the loop settles retry_exhausted itself, finalising dangling tool calls first (the
@@ -188,8 +201,7 @@ class Store:
         queued behind another or the submission id was already used (workers run it).
         A ``prepare`` that raises anything but a storage error aborts the transaction and the
         whole submission is made again without it (as in :meth:`claim`)."""
-        from .runtime import Acknowledgement
-
+        Acknowledgement = _runtime().Acknowledgement
         # The request as the ledger stores it (what a claim elsewhere would read back), so a
         # run begun here sees exactly what a worker's claim would have; encoded once, for the
         # ledger too.
@@ -409,8 +421,7 @@ class Store:
     def _info(r: L.RunInfo, raw_state: bytes | None) -> "RunInfo":
         """A run as the loop reports it: the ledger's record and the run's loop state (as read
         in the same transaction: the agent, and the calls awaiting approval when parked)."""
-        from .runtime import RunInfo
-
+        RunInfo = _runtime().RunInfo
         st = LoopState.from_bytes(raw_state) if raw_state is not None else None
         approvals = ([cid for cid, c in st.calls.items() if c.get("state") == CALL_APPROVAL]
                      if st is not None and r.state == L.PARKED else [])

@@ -133,6 +133,7 @@ async def _stream_reply(
     break_error: ProviderError | None = None,
 ) -> AsyncIterator[StreamEvent]:
     emitted = 0
+    paced = bool(delay) or break_after is not None  # (else an event needs no tick at all)
 
     async def tick() -> None:
         nonlocal emitted
@@ -145,18 +146,28 @@ async def _stream_reply(
 
     for i in range(0, len(r.text), chunk):
         yield TextDelta(r.text[i : i + chunk], 0)
-        await tick()
+        if paced:
+            await tick()
     for i, tc in enumerate(r.tool_calls):
         call_id = tc.get("id") or f"call_{len(messages)}_{i}"
         yield ToolCallStart(i + 1, call_id, tc["name"])
-        await tick()
+        if paced:
+            await tick()
         yield ToolCallDelta(i + 1, json.dumps(tc.get("arguments") or {}))
-        await tick()
+        if paced:
+            await tick()
     if break_after is not None:
         assert break_error is not None
         raise break_error
     usage = r.usage or Usage(_context_tokens(system, messages), estimate_tokens(r.text) + 8 * len(r.tool_calls))
     yield Finish(r.stop_reason or (STOP_TOOL_USE if r.tool_calls else STOP_END), usage)
+
+
+async def _fail(error: BaseException) -> AsyncIterator[StreamEvent]:
+    """A stream that fails before any output (after a schedule point, as a network call would)."""
+    await trio.lowlevel.checkpoint()
+    raise error
+    yield  # an async generator  # pragma: no cover
 
 
 class ScriptedModel:
@@ -190,7 +201,7 @@ class ScriptedModel:
             raise PermanentProviderError(f"script exhausted after {len(self._script)} calls", provider=self.name)
         return self._script[n]
 
-    async def stream(
+    def stream(
         self,
         *,
         system: str,
@@ -198,17 +209,21 @@ class ScriptedModel:
         tools: Sequence[ToolSpec],
         max_tokens: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
+        # Not a generator itself: it picks the script item and returns the stream that plays
+        # it (one async-generator layer per call, not two).
         self.n_calls += 1
         if self.record:
             self.calls.append({"system": system, "messages": list(messages), "tools": list(tools)})
-        item = self._next(messages, tools)
+        try:
+            item = self._next(messages, tools)
+        except Exception as e:  # noqa: BLE001 — raised from the stream, where stream_model classifies it
+            return _fail(e)
         if isinstance(item, str):
             item = Reply(item)
         if isinstance(item, Fail):
-            await trio.lowlevel.checkpoint()
-            raise item.error
+            return _fail(item.error)
         if isinstance(item, BreakAfter):
-            async for ev in _stream_reply(
+            return _stream_reply(
                 item.reply,
                 system=system,
                 messages=messages,
@@ -216,11 +231,8 @@ class ScriptedModel:
                 delay=self.delay,
                 break_after=item.after,
                 break_error=item.error,
-            ):
-                yield ev
-            return
-        async for ev in _stream_reply(item, system=system, messages=messages, chunk=self.chunk, delay=self.delay):
-            yield ev
+            )
+        return _stream_reply(item, system=system, messages=messages, chunk=self.chunk, delay=self.delay)
 
     async def aclose(self) -> None:
         pass

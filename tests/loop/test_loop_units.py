@@ -457,3 +457,25 @@ async def test_scripted_model_without_recording_still_plays_its_script_in_order(
         texts.append("".join(parts))
     assert texts == ["one", "two"]
     assert m.n_calls == 2 and m.calls == []
+
+
+async def test_a_scripted_stream_fails_inside_the_stream_classified_as_before():
+    """ScriptedModel.stream returns the stream that plays its item (one generator layer): a
+    script that raises, an exhausted script and a Fail item all fail from inside the stream,
+    where stream_model classifies them (nothing escapes the call to provider.stream)."""
+    def bad_script(messages, tools):
+        raise KeyError("bug in a script")
+
+    cases = [
+        (ScriptedModel(bad_script), PermanentProviderError),
+        (ScriptedModel([]), PermanentProviderError),
+        (ScriptedModel([transient("busy")]), TransientProviderError),
+        (ScriptedModel([permanent("no")]), PermanentProviderError),
+    ]
+    for model, exc in cases:
+        with pytest.raises(exc):
+            async for _ in stream_model(model, system="", messages=[M.user("x")], tools=[]):
+                pass
+        assert model.n_calls == 1
+    evs = [ev async for ev in stream_model(ScriptedModel(["ok"]), system="", messages=[M.user("x")], tools=[])]
+    assert [type(e).__name__ for e in evs] == ["TextDelta", "Finish"]

@@ -568,7 +568,8 @@ class Runner:
                 await self._compact("threshold")
                 context = model_context(self.messages)
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
-        await Hooks.call(agent.hooks.before_model_call if agent.hooks else None, info)
+        if agent.hooks is not None and agent.hooks.before_model_call is not None:
+            await Hooks.call(agent.hooks.before_model_call, info)
         # The pre-flight reserve: only a run with usage ceilings needs the estimate and the read.
         refusal = await self.store.reserve(
             self.claim, estimate_context_tokens(info.system, info.messages), agent.max_tokens or 0
@@ -866,8 +867,12 @@ class Runner:
         except Exception as e:  # noqa: BLE001 — a tool's failure is a result the model sees
             log.info("run %s: tool %s raised %r", self.run_id, name, e)
             content, is_error = f"{type(e).__name__}: {e}", True
+        after_tool = self.agent.hooks.after_tool if self.agent.hooks else None
+        if after_tool is None:
+            await self._tool_result(call, content, is_error, None, rest)
+            return
         hook_info = ToolCallInfo(self.agent, self.run_id, self.conv, cid, name, dict(args), content, is_error)
-        await Hooks.call(self.agent.hooks.after_tool if self.agent.hooks else None, hook_info)
+        await Hooks.call(after_tool, hook_info)
         await self._tool_result(call, hook_info.content, hook_info.is_error, hook_info.reason, rest)
 
     async def _step_impl(self, name: str, fn: Callable[[], Any]) -> Any:

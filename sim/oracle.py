@@ -133,14 +133,20 @@ class RecordingTransaction(Transaction):
 class RecordingDatabase(kv.Database):
     """A database handle owned by one simulated process; its transactions record for the oracle."""
 
-    def __init__(self, engine: Any, process: "Process | None", world: "World | None" = None) -> None:
+    def __init__(self, engine: Any, process: "Process | None", world: "World | None" = None,
+                 stats: dict[str, int] | None = None) -> None:
         super().__init__(engine, url="memory:", owns_engine=False)
         self.process = process
         self.world = world if world is not None else (process.world if process is not None else None)
+        # where transactions are counted (the world's stats; the checks' handle, which has no world
+        # because its requests see no simulated network, passes them explicitly)
+        self.stats = stats if stats is not None else (self.world.stats if self.world is not None else None)
 
     def create_transaction(self) -> Transaction:
         if self._engine.closed:
             raise kv.KVError(2000, "database is closed")
+        if self.stats is not None:
+            self.stats["transactions"] += 1
         return RecordingTransaction(self)
 
 

@@ -70,6 +70,17 @@ def test_a_run_frees_its_world_when_it_ends_and_restores_the_collector():
     assert gc.get_threshold() == before
 
 
+def test_a_runs_cost_figures_are_deterministic():
+    """Transactions and task steps per run (the bench's deterministic cost figures): same seed, same
+    counts; task steps only when asked (a trio instrument), transactions always."""
+    a = run_once(SCENARIOS["tool"], 5, random_plan(5), count_steps=True)
+    b = run_once(SCENARIOS["tool"], 5, random_plan(5), count_steps=True)
+    c = run_once(SCENARIOS["tool"], 5, random_plan(5))
+    assert (a.transactions, a.task_steps) == (b.transactions, b.task_steps)
+    assert a.task_steps > a.transactions > a.commits > 0
+    assert c.transactions == a.transactions and c.task_steps == 0 and c.trace == a.trace
+
+
 def test_buggify_enables_a_quarter_of_sites_and_fires_a_quarter_of_the_time():
     b = Buggify(random.Random(1), enabled=True)
     fired = [sum(b(f"site-{i}") for _ in range(200)) for i in range(400)]

@@ -360,7 +360,7 @@ class Runner:
                 tr.set(self._state_key, st.to_bytes())
                 evs = events(first_seq) if callable(events) else events
                 if evs:
-                    await store.journal.emit_many_tr(tr, self.owner, self.conv, evs)
+                    await store.journal.emit_many_tr(tr, self.owner, self.conv, evs, refs=False)
                 if extra is not None:
                     await extra(tr, st)
                 return st
@@ -432,7 +432,7 @@ class Runner:
         # created by the append, its head written once)
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=not exists)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
-        await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended))
+        await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended), refs=False)
         messages.extend(appended)
         return _Prepared(state, messages, cancel)
 

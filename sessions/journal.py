@@ -247,10 +247,13 @@ class Journal:
         return (await self.emit_many_tr(tr, owner, conversation, ((type, data),), eid=eid))[0]
 
     async def emit_many_tr(self, tr: Any, owner: OwnerLike, conversation: str,
-                           items: "Sequence[tuple[str, Any]]", *, eid: str | None = None) -> list[EventRef]:
+                           items: "Sequence[tuple[str, Any]]", *, eid: str | None = None,
+                           refs: bool = True) -> list[EventRef]:
         """:meth:`emit` for each ``(type, data)`` of ``items``, in order, in ``tr``: the same
         keys and values as that many emits, with the conversation checked and its emitted
-        count bumped once for all of them. Not idempotent by itself (see :meth:`emit`)."""
+        count bumped once for all of them. Not idempotent by itself (see :meth:`emit`).
+        ``refs=False``: the caller wants no positions back (returns ``[]``; no awaitable
+        versionstamp is asked of the transaction for them)."""
         tag = as_tag(owner)
         if not items:
             check_conversation_id(conversation)
@@ -273,18 +276,23 @@ class Journal:
         if not known:
             await self._ensure_conversation(tr, tag, conversation)
         prefix = self.keys.events(tag, conversation).raw_prefix
-        stamp = tr.get_versionstamp()
-        refs = []
+        out: list[EventRef] = []
         order = _next_order(tr, len(values))
-        for (type, _), value in zip(items, values):
-            tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
-            refs.append(EventRef(stamp, order, type))
-            order += 1
+        if refs:
+            stamp = tr.get_versionstamp()
+            for (type, _), value in zip(items, values):
+                tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
+                out.append(EventRef(stamp, order, type))
+                order += 1
+        else:
+            for value in values:
+                tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
+                order += 1
         tr.add(self.keys.emitted(tag, conversation), pack_i64(len(values)))
         self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
         if self.retention and n >= self.trim_slack:
             self._grown_event.set()
-        return refs
+        return out
 
     def note_committed(self, owner: OwnerLike, conversation: str) -> None:
         """Tell the journal a transaction that emitted to ``conversation`` committed: its

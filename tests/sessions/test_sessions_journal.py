@@ -288,6 +288,27 @@ async def test_emit_many_tr_is_that_many_emits_in_order_with_one_count_bump(db):
         await j.read(OWNER, "c2")
 
 
+async def test_emit_many_tr_without_refs_writes_the_same_events(db):
+    """refs=False (a caller that wants no positions back) changes nothing stored: the same
+    events in the same order after the same earlier ones, the same count."""
+    from sessions.codec import unpack_i64
+
+    j = Sessions(db).journal
+    items = [(events.MESSAGE_ADDED, {"i": 0}), (events.TOOL_STARTED, {"i": 1})]
+    for conv, refs in (("with", True), ("without", False)):
+        async def fn(tr, conv=conv, refs=refs):  # fresh conversations, a test without retries
+            await j.emit(tr, OWNER, conv, events.RUN_STARTED, {"i": -1})
+            return await j.emit_many_tr(tr, OWNER, conv, items, refs=refs)
+
+        out = await db.transact(fn)
+        assert len(out) == (2 if refs else 0)
+    pages = [await j.read(OWNER, c) for c in ("with", "without")]
+    assert [[(e.type, e.data) for e in p.events] for p in pages][0] == [(e.type, e.data) for e in pages[1].events]
+    assert [e.cursor[-4:] for e in pages[0].events] == [e.cursor[-4:] for e in pages[1].events]  # orders 0, 1, 2
+    for c in ("with", "without"):
+        assert unpack_i64(await db.transact(lambda tr, c=c: tr.get(j.keys.emitted(OWNER.tag, c)))) == 3
+
+
 async def test_a_conversation_noted_committed_is_not_looked_up_again_by_emits(db):
     j = Sessions(db).journal
     await j.emit_one(OWNER, "c", events.RUN_QUEUED, {})

@@ -200,7 +200,9 @@ class Runner:
         self.messages: list[dict[str, Any]] = []
         self.head = 0
         self.cancel_event = trio.Event()
-        self._lock = trio.Lock()  # one commit at a time (flusher vs. main)
+        # One commit at a time: made when a slow call's flusher starts (the only other task
+        # that commits for this runner); until then this task's commits cannot overlap.
+        self._lock: trio.Lock | None = None
         self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
@@ -316,14 +318,15 @@ class Runner:
         whose commit may have landed) reads it to apply the guard.
         """
         assert self.state is not None
-        # One commit at a time (a slow call's flusher vs. this task). Uncontended (always,
-        # but while a flusher runs) the lock is taken without acquire()'s two schedule
-        # points: the commit itself is a checkpoint.
+        # One commit at a time (a slow call's flusher vs. this task; see __init__). Uncontended,
+        # the lock is taken without acquire()'s two schedule points: the commit itself is a
+        # checkpoint.
         lock = self._lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
+        if lock is not None:
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                await lock.acquire()
         try:
             token = self._new_token()
             expected_ver = self.state.ver
@@ -380,7 +383,8 @@ class Runner:
             self.head += len(append)
             return True
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
         """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
@@ -603,6 +607,8 @@ class Runner:
                     if flusher is None:
                         flusher = (trio.CancelScope(), trio.Event())
                         assert self._nursery is not None
+                        if self._lock is None:  # (not inside a commit here: made before it can matter)
+                            self._lock = trio.Lock()
                         self._nursery.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
                 elif coalescer.urgent:
                     await self._flush(coalescer)

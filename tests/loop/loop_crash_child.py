@@ -60,7 +60,10 @@ def main() -> None:
         with open(model_calls_file, "a") as f:
             f.write(json.dumps({"t": time.time(), "pid": os.getpid(), "phase": phase}) + "\n")
         if scenario == "backoff" and phase == "first":
-            return transient("overloaded", retry_after=2.0)
+            # Long enough that a parent slowed by a loaded machine still kills
+            # this process inside the wait (at 2 s one run in a loaded suite
+            # made its second call first); the resume waits out what is left.
+            return transient("overloaded", retry_after=4.0)
         if messages[-1]["role"] == "tool":
             return "final answer"
         text = "Let me think about this carefully. " * (20 if scenario == "stream" else 1)

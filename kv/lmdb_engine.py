@@ -31,12 +31,12 @@ write (measured: one tree instead of two cuts a durable commit by ~0.1 ms):
   (~8% of a durable commit, measured). A store written before this rule
   holds the exact last version there, which is also a valid ceiling.
   ``mformat`` is ``FORMAT``. Range reads never leave the ``b"k"`` prefix.
+* ``LOCK`` / ``HOLDER`` files: one process owns the directory (``flock``);
+  a second open fails at once naming the holder from ``HOLDER``.
 
 A snapshot's version is looked up from its LMDB transaction id (recorded
 by each write before it commits), not read from the data, so it is exact
 even while the writer thread commits concurrently.
-* ``LOCK`` / ``HOLDER`` files: one process owns the directory (``flock``);
-  a second open fails at once naming the holder from ``HOLDER``.
 """
 
 from __future__ import annotations

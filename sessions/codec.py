@@ -109,16 +109,8 @@ def id_source() -> Callable[[], str]:
 
 
 def _enc(part: Any) -> bytes:
-    # FoundationDB tuple encoding of one element, hand-written for the types keys use.
-    if type(part) is str:
-        return b"\x02" + part.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
-    if type(part) is int and 0 <= part < (1 << 64) - 1:  # from 2**64 - 1 on: code 0x1d (FDB's tuple.py)
-        if part == 0:
-            return b"\x14"
-        n = (part.bit_length() + 7) // 8
-        return bytes((0x14 + n,)) + part.to_bytes(n, "big")
-    if type(part) is bytes:
-        return b"\x01" + part.replace(b"\x00", b"\x00\xff") + b"\x00"
+    """FoundationDB's tuple encoding of one element: kv.tuple's own (its fast path covers
+    str, bytes, int and None), so there is one encoder to keep equal to FoundationDB's."""
     return kv.tuple.pack((part,))
 
 

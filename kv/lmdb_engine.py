@@ -1,85 +1,82 @@
-"""The durable embedded engine: LMDB underneath the shared commit pipeline.
+"""The durable embedded engine: a write-ahead log, an MVCC overlay and LMDB.
 
-Why LMDB: its read transactions are MVCC snapshots (exactly a read version),
-and one write transaction is crash-atomic and durable at commit (LMDB syncs
-the data pages, then the meta page), which is what a group-commit batch
-needs. Reads run on the trio thread (a memory-mapped B-tree lookup,
-microseconds). A batch's write transaction and its syncs run on a dedicated
-writer thread while other tasks are runnable, so the event loop keeps
-working (and the next batch keeps forming) during the disk wait; when
-nothing else could run anyway, the batch is written inline (see
-``LmdbStore.apply``).
+A batch (the engine's group commit) is made durable by appending one record
+to the write-ahead log and ``fdatasync``-ing it (``kv.wal``): one
+sequential write, whatever keys the batch touched. Its effects then live in
+an in-memory *overlay* until a *checkpoint* (a helper process,
+``kv.checkpoint``) has written them into the LMDB B-tree in bulk. Why: see
+``kv.wal`` (a durable LMDB commit per batch cost several milliseconds of
+scattered page writes and a GIL convoy; the log costs one append).
 
-Layout of the environment (directory ``PATH``): one B-tree, LMDB's main
-database, because every named database a transaction touches adds dirty
-pages (its own tree plus its record in the main tree) to every commit's
-write (measured: one tree instead of two cuts a durable commit by ~0.1 ms):
+Reads see the overlay over a *base*: an LMDB read transaction on the tree
+as of some checkpoint version C. The overlay keeps, per key, the versions
+``[(version, value or None), ...]`` written after the oldest base still in
+use, so a snapshot at version V answers a key from its newest overlay entry
+<= V, or else from its base (which is at C <= V, and nothing changed the
+key in (C, V] or the overlay would hold it). A cleared range becomes a
+tombstone per key that was visible, so a range read merges overlay and base
+in key order. When a checkpoint lands, new snapshots take the newer base
+and, once the last snapshot on an older base is closed, overlay entries at
+or below the oldest base in use are dropped (a few thousand keys per call,
+so no single commit pays for a whole segment).
 
-* ``b"k" + key``: the user's keys and values (the prefix because LMDB
-  refuses the empty key, which FoundationDB allows). LMDB keys are
-  limited to 511 bytes, so a key longer than ``_SHORT`` (509) bytes lives in
-  a *bucket* stored under its first ``_BUCKET`` (510) bytes: a CBOR list of
-  ``[key, value]`` pairs in key order. Every short key is at most 509 bytes,
-  so buckets sort exactly where their keys would (see ``_iter``), and range
-  reads stay in key order.
-* ``b"m" + name``: the engine's own records. ``mversion`` (8 bytes
-  big-endian) is a *ceiling*: above every version any batch has used, so a
-  reopened engine starts there and never reuses one. A batch whose version
-  reaches the ceiling raises it by ``VERSION_CEILING_STEP`` in the same LMDB
-  transaction; other batches leave it alone, because that one extra key
-  sits in its own leaf page and cost every small commit a second dirty page
-  (~8% of a durable commit, measured). A store written before this rule
-  holds the exact last version there, which is also a valid ceiling.
-  ``mformat`` is ``FORMAT``. Range reads never leave the ``b"k"`` prefix.
-* ``LOCK`` / ``HOLDER`` files: one process owns the directory (``flock``);
-  a second open fails at once naming the holder from ``HOLDER``.
+Writes: a batch's effects are staged into the overlay at the batch's
+version on the event loop (invisible: every snapshot's version is below
+it), the record is written and synced (inline when no other task could run,
+else on a dedicated writer thread, see ``LmdbStore.can_apply_inline``), and
+only then does the store's version move, which makes the batch visible. A
+log write that fails leaves the store refusing commits until it is reopened
+(after a failed ``fdatasync`` the page cache can no longer be trusted; the
+batch is reported ``commit_unknown_result``) while reads go on.
 
-A snapshot's version is looked up from its LMDB transaction id (recorded
-by each write before it commits), not read from the data, so it is exact
-even while the writer thread commits concurrently.
+Opening runs a checkpoint of every segment left over (recovery after a
+crash: a torn record at the log's end is cut off), so a store always starts
+with an empty overlay; closing checkpoints everything too, so a cleanly
+closed directory is a plain LMDB tree. The B-tree layout is in
+``kv.lmdb_layout``; ``LOCK``/``HOLDER`` files: one process owns the
+directory (``flock``), a second open fails at once naming the holder.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
+import logging
 import os
 import queue
 import socket
+import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
-from typing import Iterator
 
-import cbor2
 import lmdb
 import trio
+from sortedcontainers import SortedList
 from trio._core import _run as _trio_run
 
+from . import lmdb_layout as layout
+from . import wal
 from .atomic import apply_atomic
 from .engine import Engine, FaultHooks, Mutation
 from .errors import KVError
-from .limits import VERSIONS_PER_SECOND
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
 
-_PREFIX = b"k"     # every data key is stored as _PREFIX + key (LMDB has no empty key)
-_PREFIX_END = b"l"  # first LMDB key after every data key
-_VERSION_KEY = b"mversion"
-_FORMAT_KEY = b"mformat"
-FORMAT = b"2"      # 1 (before 2026-11-29): named databases "data" and "meta"
-_SHORT = 509       # longest key stored as itself
-_BUCKET = 510      # length of a bucket's key prefix (the long keys inside it share it)
-MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
-MAX_READERS = 16_384  # distinct open read versions (transactions between two commits share one)
-SYNCS_PER_COMMIT = 2  # LMDB's durable commit: fdatasync of the data pages, then an O_DSYNC meta-page write
+FORMAT = layout.FORMAT
+SYNCS_PER_COMMIT = 1  # one fdatasync of the log per batch
+CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB commit (data, then meta page)
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
-INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent LMDB commits took at most this long
-INLINE_ALWAYS_ABOVE_MUTATIONS = 512  # a batch this big is written inline even on a busy loop (GIL convoy)
-VERSION_CEILING_STEP = 5 * VERSIONS_PER_SECOND  # mversion is raised this far past a batch that reaches it
-TXN_VERSIONS_KEPT = 4_096  # LMDB txn id -> version entries remembered (a reader opens at the newest)
-_COMMIT_EWMA_WEIGHT = 0.1  # weight of the newest commit in the recent-commit-time average
+INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
+TRIM_BUDGET = 4_096  # overlay keys dropped per call once a checkpoint has landed
+CHECKPOINTER_EXIT_SECONDS = 60.0  # close() waits this long for the helper's current pass, then kills it
+_COMMIT_EWMA_WEIGHT = 0.1  # weight of the newest sync in the recent-sync-time average
+_KV_PARENT = str(Path(__file__).resolve().parents[1])  # put on the checkpointer's PYTHONPATH
 
 
 def _loop_is_idle() -> bool:
@@ -105,135 +102,105 @@ class DataDirectoryLocked(RuntimeError):
     """Another process (or handle) already owns this data directory."""
 
 
-class _ReadTxn:
-    """One LMDB read transaction, shared by every snapshot taken at its version."""
+class _Base:
+    """One LMDB read transaction: the tree as of checkpoint ``version``, shared by snapshots."""
 
-    __slots__ = ("txn", "version", "refs")
+    __slots__ = ("txn", "txnid", "version", "refs")
 
-    def __init__(self, store: "LmdbStore") -> None:
-        self.txn = store.env.begin(buffers=False)
-        self.version = store._version_of_txn(self.txn.id())
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.txn = env.begin(buffers=False)
+        self.txnid = self.txn.id()
+        self.version = layout.read_applied(self.txn)
         self.refs = 0
 
 
 class _LmdbSnapshot:
-    """A transaction's view: a reference to a shared LMDB read transaction.
+    """A transaction's view at ``version``: the overlay over a base."""
 
-    Why shared: every transaction that starts between two commits sees the
-    same data, so they can share one LMDB reader. That keeps the reader
-    table small (thousands of open transactions cost a handful of slots)
-    and makes starting a transaction nearly free.
-    """
+    __slots__ = ("_store", "_base", "_hist", "_keys", "version")
 
-    __slots__ = ("_store", "_read", "version")
-
-    def __init__(self, store: "LmdbStore", read: _ReadTxn) -> None:
+    def __init__(self, store: "LmdbStore", base: _Base, version: int) -> None:
+        assert base.version <= version, (base.version, version)
         self._store = store
-        self._read = read
-        read.refs += 1
-        self.version = read.version
+        self._base = base
+        self._hist = store._hist
+        self._keys = store._keys
+        base.refs += 1
+        self.version = version
 
     def get(self, key: bytes) -> bytes | None:
-        if len(key) <= _SHORT:  # the hot path, inline
-            return self._read.txn.get(_PREFIX + key)
-        return _get(self._read.txn, key)
+        hist = self._hist.get(key)
+        if hist is not None:
+            ver, val = hist[-1]
+            if ver <= self.version:
+                return val
+            for ver, val in reversed(hist):
+                if ver <= self.version:
+                    return val
+            # every overlay entry is newer than this snapshot: the base has the key's value
+        if len(key) <= layout.SHORT:  # the hot path, inline
+            return self._base.txn.get(layout.PREFIX + key)
+        return layout.get(self._base.txn, key)
 
     def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
-        out: list[tuple[bytes, bytes]] = []
         if begin >= end:
-            return out
-        cur = self._read.txn.cursor()
-        if reverse:
-            for kv in _iter(cur, begin, end, True):
-                out.append(kv)
-                if limit and len(out) >= limit:
-                    break
-            return out
-        # Forward, the hot path (journal replay, transcript pages), inlined:
-        # raw LMDB keys compare like user keys under the shared prefix, and the
-        # engine's b"m" records sort after every b"k" key, so one comparison
-        # against b"k" + end stops the walk.
-        if not cur.set_range(_PREFIX + begin[:_BUCKET]):  # a bucket below begin may hold keys >= begin
-            return out
-        stop = _PREFIX + end
+            return []
+        keys = self._keys.irange(begin, end, inclusive=(True, False), reverse=reverse)
+        first = next(keys, None)
+        if first is None:  # nothing in the overlay here: the base alone
+            return layout.read_range(self._base.txn, begin, end, reverse, limit)
+        return self._merge(itertools.chain((first,), keys), begin, end, reverse, limit)
+
+    def _merge(self, keys, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
+        """Overlay keys (in order) merged with the base's pairs in [begin, end)."""
+        out: list[tuple[bytes, bytes]] = []
         append = out.append
-        for raw, value in cur:
-            if raw >= stop:
-                break
-            if len(raw) <= _SHORT + 1:
-                append((raw[1:], value))
-            else:
-                for kv in _expand(raw[1:], value, begin, end, False):
-                    append(kv)
+        hists = self._hist
+        v = self.version
+        base = layout.iter_range(self._base.txn.cursor(), begin, end, reverse)
+        b = next(base, None)
+        for k in keys:
+            while b is not None and (b[0] > k if reverse else b[0] < k):
+                append(b)
+                if limit and len(out) >= limit:
+                    return out
+                b = next(base, None)
+            base_value = None
+            if b is not None and b[0] == k:
+                base_value = b[1]
+                b = next(base, None)
+            hist = hists[k]
+            ver, val = hist[-1]
+            if ver > v:
+                val = base_value
+                for ver, old in reversed(hist):
+                    if ver <= v:
+                        val = old
+                        break
+            if val is not None:
+                append((k, val))
+                if limit and len(out) >= limit:
+                    return out
+        while b is not None:
+            append(b)
             if limit and len(out) >= limit:
-                del out[limit:]
-                break
+                return out
+            b = next(base, None)
         return out
 
     def close(self) -> None:
-        read, self._read = self._read, None
-        if read is not None:
-            self._store._release(read)
-
-
-def _expand(key: bytes, value: bytes, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-    if len(key) <= _SHORT:
-        if begin <= key < end:
-            yield key, value
-        return
-    pairs = cbor2.loads(value)
-    for k, v in reversed(pairs) if reverse else pairs:
-        if begin <= k < end:
-            yield k, v
-
-
-def _iter(cur: lmdb.Cursor, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-    """Pairs in [begin, end) in key order, expanding long-key buckets.
-
-    Only LMDB keys under ``_PREFIX`` are data: the walk never steps past the
-    prefix in either direction (the engine's ``b"m"`` records sort after it).
-    """
-    if not reverse:
-        start = begin[:_BUCKET]  # a bucket below ``begin`` may hold keys >= begin
-        if not cur.set_range(_PREFIX + start):
-            return
-        for raw, value in cur:
-            if raw[:1] != _PREFIX:
-                return
-            key = raw[1:]
-            if key >= end:
-                return
-            yield from _expand(key, value, begin, end, False)
-    else:
-        start = end[:_BUCKET]
-        if cur.set_range(_PREFIX + start) and cur.key()[:1] == _PREFIX:
-            key = cur.key()[1:]
-            if len(key) == _BUCKET and key == start:  # the bucket of ``end`` may hold keys < end
-                yield from _expand(key, cur.value(), begin, end, True)
-            if not cur.prev():
-                return
-        elif not (cur.set_range(_PREFIX_END) and cur.prev()) and not cur.last():
-            return
-        for raw, value in cur.iterprev():
-            if raw[:1] != _PREFIX:
-                return
-            key = raw[1:]
-            if len(key) <= _SHORT:
-                if key < begin:
-                    return
-            elif key < begin[:_BUCKET]:
-                return
-            yield from _expand(key, value, begin, end, True)
+        base, self._base = self._base, None
+        if base is not None:
+            self._store._release(base)
 
 
 class _WriterThread:
-    """One long-lived thread that runs the store's write transactions.
+    """One long-lived thread that runs the log's appends (write + ``fdatasync``).
 
     Why not ``trio.to_thread.run_sync``: a commit is one thread round trip,
     and a dedicated thread parked on a queue answers in about half the time
-    of the thread cache (measured ~0.1 ms vs ~0.19 ms here), which is most of
-    what separates a commit from a bare fsync. It is owned by the store,
-    started with it and joined when the store closes.
+    of the thread cache (measured ~0.1 ms vs ~0.19 ms here). It is owned by
+    the store, started with it and joined when the store closes.
     """
 
     def __init__(self, name: str) -> None:
@@ -280,229 +247,398 @@ class _WriterThread:
 
 
 class LmdbStore:
-    """LMDB-backed store: snapshots on the event loop, batches in a worker thread."""
+    """The durable store: log appends for batches, overlay + LMDB for snapshots.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    ``segment_bytes``: how much log a segment holds before it is sealed and
+    checkpointed. ``checkpointer``: run the helper process (False: sealed
+    segments wait for :meth:`checkpoint` or close; for tests).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, segment_bytes: int = wal.SEGMENT_BYTES,
+                 checkpointer: bool = True) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._wal_dir = self.path / "wal"
         self._lock_fd = _acquire_directory(self.path)
         try:
-            self.env = lmdb.open(
-                str(self.path), map_size=MAP_SIZE, max_dbs=0, max_readers=MAX_READERS,
-                sync=True, metasync=True, readahead=False, lock=True, subdir=True,
-            )
-            raw = self._check_format()
+            self.env = layout.open_env(self.path)
+            try:
+                self._check_format()
+                self._wal_dir.mkdir(exist_ok=True)
+                # Recovery: whatever a previous process left in the log goes into
+                # the tree (after any checkpoint pass it left running finishes).
+                with wal.checkpoint_lock(self.path):
+                    wal.checkpoint_pass(self.env, self._wal_dir, include_newest=True, repair_tail=True)
+                self._log = wal.LogWriter(self._wal_dir, segment_bytes=segment_bytes)
+            except BaseException:
+                self.env.close()
+                raise
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._version = int.from_bytes(raw, "big") if raw else 0  # the ceiling: above every used version
-        self._ceiling = self._open_version = self._version
-        self._open_txnid = self.env.info()["last_txnid"]
-        # LMDB txn id -> the version of the batch it wrote, for snapshots opened at it
-        self._txn_versions: dict[int, int] = {}
-        self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0}
-        self._shared: _ReadTxn | None = None
-        self._commit_seconds = 0.0  # recent LMDB commit time (moving average), for can_apply_inline
-        self._writer = _WriterThread(f"surefoot-lmdb-writer:{self.path.name}")
+        self._log_lock = threading.Lock()  # the writer thread and an inline write never overlap, but seal() may
+        # key -> its versions [(version, value or None), ...], oldest first. A key with one
+        # version (most of them) holds a 1-tuple, not a list: a tuple of atoms is untracked by
+        # the garbage collector after its first collection, and a full collection walking
+        # every overlay entry cost 50-100 ms steps with 50,000 keys (measured); lists are
+        # always tracked. Reads index both alike; writes turn a 1-tuple into a list.
+        self._hist: dict[bytes, tuple | list[tuple[int, bytes | None]]] = {}
+        self._keys: SortedList = SortedList()
+        self._recent: deque[tuple[int, list[bytes]]] = deque()  # (version, keys it touched), oldest first
+        self._base = _Base(self.env)
+        self._old_bases: list[_Base] = []  # superseded bases some snapshot still reads
+        self._version = self._base.version
+        self._sealed_through = self._version  # newest version in a sealed segment
+        self._checkpoint_due = False  # a sealed segment may not be in the base yet
+        self._trim_floor = self._version  # overlay entries <= this are in every base in use
+        self._floor_stale = False  # an old base was released: the floor may rise
+        self._broken: BaseException | None = None
+        self._commit_seconds = 0.0  # recent log sync time (moving average), for can_apply_inline
+        self._use_checkpointer = checkpointer
+        self._proc: subprocess.Popen | None = None
+        self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0, "segments_sealed": 0, "overlay_keys": 0}
+        self._writer = _WriterThread(f"surefoot-wal-writer:{self.path.name}")
         self._closed = False
 
-    def _check_format(self) -> bytes | None:
-        """Stamp a new environment with ``FORMAT``; refuse any other layout.
-
-        Returns the stored version (None for a new store).
-        """
+    def _check_format(self) -> None:
+        """Stamp a new environment with ``FORMAT``, upgrade format 2, refuse any other layout."""
         with self.env.begin(write=True) as txn:
-            fmt = txn.get(_FORMAT_KEY)
+            fmt = txn.get(layout.FORMAT_KEY)
             if fmt is None:
                 if txn.get(b"data") is not None or txn.get(b"meta") is not None:
                     fmt = b"1"  # named-database records of the first layout
                 elif txn.cursor().first():
                     fmt = b"unknown"
                 else:
-                    txn.put(_FORMAT_KEY, FORMAT)
+                    txn.put(layout.FORMAT_KEY, FORMAT)
                     fmt = FORMAT
-            version = txn.get(_VERSION_KEY)
+            elif fmt in layout.UPGRADABLE_FORMATS:
+                # Format 2 had no log (the tree is everything) and kept a version
+                # ceiling: batches start above it, as they did.
+                ceiling = txn.get(layout.LEGACY_CEILING_KEY) or bytes(8)
+                txn.put(layout.APPLIED_KEY, ceiling)
+                txn.delete(layout.LEGACY_CEILING_KEY)
+                txn.put(layout.FORMAT_KEY, FORMAT)
+                fmt = FORMAT
         if fmt != FORMAT:
-            self.env.close()
             raise KVError(
                 2000,
                 f"data directory {self.path} holds storage format {fmt.decode(errors='replace')}, "
-                f"this surefoot reads format {FORMAT.decode()} only; "
+                f"this surefoot reads formats {FORMAT.decode()} and 2 only; "
                 "start from an empty directory (format 1 was written before 2026-11-29)",
             )
-        return version
+
+    # -- reads ------------------------------------------------------------
 
     def committed_version(self) -> int:
         return self._version
 
     def snapshot(self) -> _LmdbSnapshot:
-        read = self._shared
-        if read is None or read.version != self._version:
-            try:
-                read = _ReadTxn(self)
-            except lmdb.ReadersFullError:
-                raise KVError(1037, f"more than {MAX_READERS} distinct read versions are open") from None
-            old, self._shared = self._shared, read
-            if old is not None and old.refs == 0:
-                old.txn.abort()
-        return _LmdbSnapshot(self, read)
+        if self._checkpoint_due or self._floor_stale:
+            self._maintain()
+        return _LmdbSnapshot(self, self._base, self._version)
 
-    def _version_of_txn(self, txnid: int) -> int:
-        version = self._txn_versions.get(txnid)
-        if version is not None:
-            return version
-        # Only the state found at open has no entry: a writer records its
-        # txn id before it commits, and readers always open at the newest.
-        assert txnid <= self._open_txnid, (txnid, self._open_txnid)
-        return self._open_version
+    def _maintain(self) -> None:
+        """Take a landed checkpoint as the new base and drop what no base needs.
 
-    def _release(self, read: _ReadTxn) -> None:
-        read.refs -= 1
-        if read.refs == 0 and read is not self._shared:
-            read.txn.abort()
+        Only called where no read is under way (taking a snapshot, publishing
+        a batch): a snapshot may be closed by a finalizer at any allocation,
+        even in the middle of a range read's walk over the overlay, so
+        closing one only marks the floor stale.
+        """
+        if self._checkpoint_due:
+            self._take_new_base()
+        if self._floor_stale:
+            self._floor_stale = False
+            self._raise_trim_floor()
+
+    def _take_new_base(self) -> None:
+        """Move new snapshots onto the newest checkpoint, if one has landed."""
+        if self.env.info()["last_txnid"] == self._base.txnid:
+            return
+        new = _Base(self.env)
+        old, self._base = self._base, new
+        if old.refs == 0:
+            old.txn.abort()
+        else:
+            self._old_bases.append(old)
+        if new.version >= self._sealed_through:
+            self._checkpoint_due = False
+        self._raise_trim_floor()
+
+    def _release(self, base: _Base) -> None:
+        if self._closed:
+            return  # close() aborted every base already
+        base.refs -= 1
+        if base.refs == 0 and base is not self._base:
+            base.txn.abort()
+            self._old_bases.remove(base)
+            self._floor_stale = True  # trimmed at the next _maintain, never here (see there)
+
+    def _raise_trim_floor(self) -> None:
+        floor = min([b.version for b in self._old_bases] + [self._base.version])
+        if floor > self._trim_floor:
+            self._trim_floor = floor
+            self._trim()
+
+    def _trim(self, budget: int = TRIM_BUDGET) -> None:
+        """Drop overlay entries every base in use already holds (at most ``budget`` keys now)."""
+        floor = self._trim_floor
+        recent, hists, keys = self._recent, self._hist, self._keys
+        while recent and recent[0][0] <= floor and budget > 0:
+            _, touched = recent.popleft()
+            budget -= len(touched)
+            for k in touched:
+                hist = hists.get(k)
+                if hist is None:
+                    continue  # already gone (a key touched by several batches)
+                i = 0
+                while i < len(hist) and hist[i][0] <= floor:
+                    i += 1
+                if i == len(hist):
+                    del hists[k]
+                    keys.remove(k)
+                elif i:
+                    del hist[:i]  # a list: a 1-tuple is either all <= floor or all above
+
+    # -- writes -----------------------------------------------------------
 
     def can_apply_inline(self, mutations: int) -> bool:
-        """Whether the engine may write the next batch (``mutations`` long) on the loop thread now.
+        """Whether the engine may write the next batch on the loop thread now.
 
         Why inline at all: handing a batch to the writer thread and back
-        costs two cross-thread wake-ups (~0.3 ms measured here, most of what
-        separated a commit from LMDB's own durable commit), and buys nothing
-        when no other task is runnable and no callback is queued: the loop
-        would only sit in ``epoll`` until the writer answers. So a lone
-        committer (the embedded, one-request-at-a-time case) writes inline,
-        and as soon as anything else could run, batches go to the thread and
-        the next batch forms meanwhile. ("Runnable" is trio's run queue: a
-        task later in the scheduling batch that is running now is not in it,
-        and waits for the one inline write.)
-
-        The price: I/O arriving during an inline write waits for that one
-        LMDB commit (the engine yields right after it). So inline is only for
-        a fast disk: while recent commits have taken longer than
-        ``INLINE_MAX_COMMIT_SECONDS`` (a busy or slow disk, where the hop is
-        small beside the sync anyway), batches go to the thread and the loop
+        costs two cross-thread wake-ups (~0.1-0.3 ms measured here), and buys
+        nothing when no other task is runnable and no callback is queued:
+        the loop would only sit in ``epoll`` until the writer answers. So a
+        lone committer (the embedded, one-request-at-a-time case) writes
+        inline, and as soon as anything else could run, batches go to the
+        thread and the next batch forms meanwhile. Inline is only for a fast
+        disk: while recent log syncs have taken longer than
+        ``INLINE_MAX_COMMIT_SECONDS``, batches go to the thread and the loop
         stays responsive.
-
-        Except a big batch, which is always written inline: py-lmdb releases
-        and retakes the GIL around every single ``put``, and while the loop
-        thread is busy each retake waits for the loop to let go (a convoy:
-        20,000 puts took 0.67 s instead of 0.018 s beside a busy loop here,
-        and a 100,000-message fork copy made no visible progress for
-        minutes). Blocking the loop for one big write is far cheaper.
         """
-        if not INLINE_WHEN_IDLE:
-            return False
-        if mutations > INLINE_ALWAYS_ABOVE_MUTATIONS:
-            return True
-        return self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()
-
-    async def apply(self, version: int, mutations: list[Mutation]) -> None:
-        await self._writer.call(self.apply_sync, version, mutations)
+        return INLINE_WHEN_IDLE and self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()
 
     def apply_sync(self, version: int, mutations: list[Mutation]) -> int:
-        """One LMDB write transaction (one fsync) for the whole batch: all or nothing."""
+        """Stage, log and publish one batch on the calling (loop) thread."""
+        record, touched = self._stage(version, mutations)
+        try:
+            sealed = self._append(record)
+        except BaseException as exc:
+            self._unstage(version, touched)
+            raise self._broke(exc) from exc
+        self._publish(version, touched, len(record), sealed)
+        return len(record)
+
+    async def apply(self, version: int, mutations: list[Mutation]) -> None:
+        """Stage on the loop, log on the writer thread (the loop runs meanwhile), then publish."""
+        record, touched = self._stage(version, mutations)
+        try:
+            sealed = await self._writer.call(self._append, record)
+        except BaseException as exc:
+            self._unstage(version, touched)
+            raise self._broke(exc) from exc
+        self._publish(version, touched, len(record), sealed)
+
+    def _stage(self, version: int, mutations: list[Mutation]) -> tuple[bytes, list[bytes]]:
+        """Put the batch's effects into the overlay at ``version`` (not yet visible)
+        and encode its log record. All or nothing: a failure unstages."""
+        if self._broken is not None:
+            raise KVError(4100, f"this store refuses commits after a write-ahead log failure "
+                                f"({self._broken!r}); close and reopen the database")
         assert version > self._version, (version, self._version)
-        started = time.perf_counter()
-        nbytes = 0
-        with self.env.begin(write=True) as txn:
-            # Recorded before the commit: a reader on the loop thread may open
-            # at this transaction the moment it commits. (An aborted write
-            # leaves an entry the next write, which gets the same id, replaces.)
-            txnid = txn.id()
-            self._txn_versions[txnid] = version
+        touched: list[bytes] = []
+        effects: list = []
+        hists, keys = self._hist, self._keys
+        try:
             for m in mutations:
                 kind = m[0]
-                if kind == "set":
-                    _put(txn, m[1], m[2])
-                    nbytes += len(m[1]) + len(m[2])
-                elif kind == "clear":
-                    _clear(txn, m[1], m[2])
-                    nbytes += len(m[1]) + len(m[2])
-                else:
-                    _, op, key, param = m
-                    new = apply_atomic(op, _get(txn, key), param)
-                    if new is None:
-                        _delete(txn, key)
+                if kind == "set":  # the common case, _put inlined
+                    key, value = m[1], m[2]
+                    hist = hists.get(key)
+                    if hist is None:
+                        hists[key] = ((version, value),)
+                        keys.add(key)
+                    elif type(hist) is tuple:
+                        hists[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
+                    elif hist[-1][0] == version:
+                        hist[-1] = (version, value)
                     else:
-                        _put(txn, key, new)
-                    nbytes += len(key) + len(param)
-            ceiling = self._ceiling
-            if version >= ceiling:
-                ceiling = version + VERSION_CEILING_STEP
-                txn.put(_VERSION_KEY, ceiling.to_bytes(8, "big"))
-        self._ceiling = ceiling
-        stale = txnid - TXN_VERSIONS_KEPT
-        if stale in self._txn_versions:
-            del self._txn_versions[stale]
-        # The context manager committed: LMDB synced the data pages, then wrote
-        # the meta page synchronously (sync=True, metasync=True): two syncs.
-        self._version = version
-        # One batch at a time (the engine's pipeline), so no two threads update this at once.
+                        hist.append((version, value))
+                    touched.append(key)
+                    effects.append((layout.SET, key, value))
+                elif kind == "clear":
+                    begin, end = m[1], m[2]
+                    for key in self._visible_keys(begin, end):
+                        self._put(version, key, None, touched)
+                    effects.append((layout.CLEAR, begin, end))
+                else:  # ("atomic", op, key, param)
+                    _, op, key, param = m
+                    old = self._latest(key)
+                    new = apply_atomic(op, old, param)
+                    if new is not None:
+                        self._put(version, key, new, touched)
+                        effects.append((layout.SET, key, new))
+                    elif old is not None:
+                        self._put(version, key, None, touched)
+                        effects.append((layout.DELETE, key))
+            record = wal.encode_record(version, effects)
+        except BaseException:
+            self._unstage(version, touched)
+            raise
+        return record, touched
+
+    def _put(self, version: int, key: bytes, value: bytes | None, touched: list[bytes]) -> None:
+        hist = self._hist.get(key)
+        if hist is None:
+            self._hist[key] = ((version, value),)
+            self._keys.add(key)
+        elif type(hist) is tuple:
+            self._hist[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
+        elif hist[-1][0] == version:
+            hist[-1] = (version, value)
+        else:
+            hist.append((version, value))
+        touched.append(key)
+
+    def _latest(self, key: bytes) -> bytes | None:
+        """The key's newest value, staged entries of the batch being built included."""
+        hist = self._hist.get(key)
+        if hist is not None:
+            return hist[-1][1]
+        return layout.get(self._base.txn, key)
+
+    def _visible_keys(self, begin: bytes, end: bytes) -> list[bytes]:
+        """Every key in [begin, end) with a value now (what a clear must tombstone)."""
+        if begin >= end:
+            return []
+        hists = self._hist
+        out = [k for k in self._keys.irange(begin, end, inclusive=(True, False)) if hists[k][-1][1] is not None]
+        out.extend(k for k, _ in layout.iter_range(self._base.txn.cursor(), begin, end, False) if k not in hists)
+        return out
+
+    def _unstage(self, version: int, touched: list[bytes]) -> None:
+        for key in touched:
+            hist = self._hist.get(key)
+            if hist is None:
+                continue
+            if type(hist) is tuple:
+                if hist[0][0] == version:
+                    del self._hist[key]
+                    self._keys.remove(key)
+                continue
+            while hist and hist[-1][0] == version:
+                hist.pop()
+            if not hist:
+                del self._hist[key]
+                self._keys.remove(key)
+
+    def _append(self, record: bytes) -> bool:
+        started = time.perf_counter()
+        with self._log_lock:
+            sealed = self._log.append(record)
+        # One append at a time (the engine's pipeline), so no two threads update this at once.
         self._commit_seconds += (time.perf_counter() - started - self._commit_seconds) * _COMMIT_EWMA_WEIGHT
-        self.stats["batches"] += 1
-        self.stats["fsyncs"] += SYNCS_PER_COMMIT
-        self.stats["bytes_written"] += nbytes
-        return nbytes
+        return sealed
+
+    def _broke(self, exc: BaseException) -> BaseException:
+        if not isinstance(exc, OSError):
+            return exc  # not the disk (e.g. a crash injected above): nothing is known to be wrong with the log
+        self._broken = exc
+        log.error("write-ahead log write failed in %s: %r; refusing commits until reopened", self.path, exc)
+        return KVError(1021, f"the write-ahead log write failed ({exc!r}); the batch may or may not be durable")
+
+    def _publish(self, version: int, touched: list[bytes], nbytes: int, sealed: bool) -> None:
+        self._version = version
+        self._recent.append((version, touched))
+        stats = self.stats
+        stats["batches"] += 1
+        stats["bytes_written"] += nbytes
+        if sealed:
+            stats["segments_sealed"] += 1
+            self._sealed_through = version
+            self._checkpoint_due = True
+            if self._use_checkpointer:
+                self._request_checkpoint()
+        # The log's syncs, plus the checkpoint's for every sealed segment (made in the helper
+        # process, off every acknowledgement's path, but made): the honest count per batch.
+        stats["fsyncs"] = self._log.fsyncs + CHECKPOINT_SYNCS_PER_SEGMENT * stats["segments_sealed"]
+        if self._checkpoint_due or self._floor_stale:  # (blind writers take no snapshots: look here too)
+            self._maintain()
+        if self._recent[0][0] <= self._trim_floor:
+            self._trim()
+
+    # -- checkpoints ------------------------------------------------------
+
+    def _request_checkpoint(self) -> None:
+        """Poke the checkpointer process (started the first time it is needed)."""
+        for _ in range(2):
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                if proc is not None:
+                    log.warning("checkpointer for %s exited with %s; starting another", self.path, proc.returncode)
+                env = dict(os.environ)
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [_KV_PARENT, env.get("PYTHONPATH")]))
+                proc = self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "kv.checkpoint", str(self.path)],
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, close_fds=True)
+            try:
+                proc.stdin.write(b"c")
+                proc.stdin.flush()
+                return
+            except OSError:  # it died between the poll and the write
+                continue
+        log.error("could not start a checkpointer for %s; sealed log segments wait for close", self.path)
+
+    def checkpoint(self) -> None:
+        """Seal the current segment and checkpoint every sealed one now, in this process.
+
+        For tests and maintenance; call with no commit in flight.
+        """
+        with self._log_lock:
+            if self._log.size:
+                self._log.seal()
+                self.stats["segments_sealed"] += 1
+                self.stats["fsyncs"] += 1 + CHECKPOINT_SYNCS_PER_SEGMENT
+        self._sealed_through = self._version
+        with wal.checkpoint_lock(self.path):
+            wal.checkpoint_pass(self.env, self._wal_dir, include_newest=False)
+        self._checkpoint_due = True
+        self._maintain()
+
+    def overlay_size(self) -> int:
+        """Keys held in memory awaiting a checkpoint (or a snapshot older than it)."""
+        return len(self._hist)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._writer.stop()
-        if self._shared is not None:
-            self._shared.txn.abort()
-            self._shared = None
-        self.env.close()
         try:
-            (self.path / "HOLDER").unlink(missing_ok=True)
+            self._writer.stop()
+            self._log.close()
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                proc.stdin.close()  # the checkpointer finishes its pass and exits
+                try:
+                    proc.wait(CHECKPOINTER_EXIT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    log.error("checkpointer for %s did not exit; killing it (the log keeps its work)", self.path)
+                    proc.kill()
+                    proc.wait()
+            for base in [self._base, *self._old_bases]:
+                base.txn.abort()
+            self._old_bases = []
+            if self._broken is None:
+                # Leave a plain tree behind: the next open has nothing to replay.
+                with wal.checkpoint_lock(self.path):
+                    wal.checkpoint_pass(self.env, self._wal_dir, include_newest=True)
         finally:
-            os.close(self._lock_fd)
-
-
-def _get(txn: lmdb.Transaction, key: bytes) -> bytes | None:
-    if len(key) <= _SHORT:
-        return txn.get(_PREFIX + key)
-    raw = txn.get(_PREFIX + key[:_BUCKET])
-    if raw is None:
-        return None
-    for k, v in cbor2.loads(raw):
-        if k == key:
-            return v
-    return None
-
-
-def _put(txn: lmdb.Transaction, key: bytes, value: bytes) -> None:
-    if len(key) <= _SHORT:
-        txn.put(_PREFIX + key, value)
-        return
-    bkey = _PREFIX + key[:_BUCKET]
-    raw = txn.get(bkey)
-    pairs = [p for p in cbor2.loads(raw) if p[0] != key] if raw else []
-    pairs.append([key, value])
-    pairs.sort(key=lambda p: p[0])
-    txn.put(bkey, cbor2.dumps(pairs))
-
-
-def _delete(txn: lmdb.Transaction, key: bytes) -> None:
-    if len(key) <= _SHORT:
-        txn.delete(_PREFIX + key)
-        return
-    bkey = _PREFIX + key[:_BUCKET]
-    raw = txn.get(bkey)
-    if raw is None:
-        return
-    pairs = [p for p in cbor2.loads(raw) if p[0] != key]
-    if pairs:
-        txn.put(bkey, cbor2.dumps(pairs))
-    else:
-        txn.delete(bkey)
-
-
-def _clear(txn: lmdb.Transaction, begin: bytes, end: bytes) -> None:
-    if begin >= end:
-        return
-    doomed = [k for k, _ in _iter(txn.cursor(), begin, end, False)]
-    for k in doomed:
-        _delete(txn, k)
+            self.env.close()
+            try:
+                (self.path / "HOLDER").unlink(missing_ok=True)
+            finally:
+                os.close(self._lock_fd)
 
 
 def _acquire_directory(path: Path) -> int:
@@ -526,6 +662,12 @@ def _acquire_directory(path: Path) -> int:
     }
     (path / "HOLDER").write_text(json.dumps(info))
     return fd
+
+
+def open_lmdb_engine(path: str | os.PathLike, *, hooks: FaultHooks | None = None) -> Engine:
+    store = LmdbStore(path)
+    # Wall-clock versions: persisted versions and the clock both move forward across restarts.
+    return Engine(store, clock=time.time, hooks=hooks)
 
 
 def open_lmdb_engine(path: str | os.PathLike, *, hooks: FaultHooks | None = None) -> Engine:

@@ -1,6 +1,9 @@
 """Child process for test_crash.py: commit in a loop, report each acknowledged commit.
 
-Usage: python crash_child.py DATA_DIR ROUND
+Usage: python crash_child.py DATA_DIR ROUND [SEGMENT_BYTES]
+
+With SEGMENT_BYTES the store seals a log segment that often, so its
+checkpointer process is busy while the kills land.
 
 Prints ``ready`` once the database is open, then ``ack TXID`` on stdout
 (flushed) after each ``commit()`` returns. Eight concurrent writers make the
@@ -22,8 +25,16 @@ WRITERS = 8
 KEYS_PER_TX = 4
 
 
-async def main(path: str, round_no: int) -> None:
-    db = await kv.open(f"lmdb:{path}")
+async def main(path: str, round_no: int, segment_bytes: int | None) -> None:
+    if segment_bytes is None:
+        db = await kv.open(f"lmdb:{path}")
+    else:
+        import time
+
+        from kv.engine import Engine
+        from kv.lmdb_engine import LmdbStore
+
+        db = kv.Database(Engine(LmdbStore(path, segment_bytes=segment_bytes), clock=time.time), url=f"lmdb:{path}")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
 
@@ -47,4 +58,4 @@ async def main(path: str, round_no: int) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], int(sys.argv[2]))
+    trio.run(main, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

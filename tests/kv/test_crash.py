@@ -10,6 +10,9 @@ directory is reopened and checked:
   version carry batch orders 0..n-1 (a missing order would be a torn batch);
 * versions are never reused across restarts: each run's stamps exceed every
   stamp of the runs before it.
+
+It runs twice: with the default log segment size, and with tiny segments so
+the store's checkpointer process is busy (and orphaned) when the kills land.
 """
 
 from __future__ import annotations
@@ -74,16 +77,22 @@ async def _check(path: Path, acked: set[bytes]) -> dict[bytes, bytes]:
     return stamps
 
 
-def test_sigkill_loses_no_acknowledged_commit_and_tears_no_batch(tmp_path):
+@pytest.mark.parametrize("segment_bytes", [None, 4096], ids=["default-segments", "checkpointing"])
+def test_sigkill_loses_no_acknowledged_commit_and_tears_no_batch(tmp_path, segment_bytes):
+    """With 4 KiB segments the store seals one every few batches, so the kills
+    also land while its checkpointer process is mid-pass (and leave it
+    orphaned: the reopen waits for its pass, then it exits)."""
     path = tmp_path / "data"
     rng = random.Random(0xC0FFEE)
     acked: set[bytes] = set()
     rounds_with_acks = 0
     max_stamp_before = b""
     multi_tx_batches = 0
+    checkpointed_while_running = 0
     for round_no in range(KILLS):
+        applied_before = _applied(path)
         child = subprocess.Popen(
-            [sys.executable, str(CHILD), str(path), str(round_no)],
+            [sys.executable, str(CHILD), str(path), str(round_no)] + ([str(segment_bytes)] if segment_bytes else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_child_env(),
@@ -96,6 +105,7 @@ def test_sigkill_loses_no_acknowledged_commit_and_tears_no_batch(tmp_path):
             child.send_signal(signal.SIGKILL)
             out, err = child.communicate(timeout=60)
         assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
+        checkpointed_while_running += _applied(path) > applied_before
         round_acks = {line[4:] for line in out.split(b"\n") if line.startswith(b"ack ")}
         # a line cut by the kill has no newline and is not counted (split keeps it last)
         if out and not out.endswith(b"\n"):
@@ -112,6 +122,23 @@ def test_sigkill_loses_no_acknowledged_commit_and_tears_no_batch(tmp_path):
     assert rounds_with_acks >= KILLS // 2, rounds_with_acks
     assert len(acked) > 100
     assert multi_tx_batches > 0  # the kills really hit a group-committing engine
+    if segment_bytes:
+        assert checkpointed_while_running > 0  # the checkpointer really ran during the rounds
+
+
+def _applied(path: Path) -> int:
+    """The tree's ``mapplied`` (0 before the first open)."""
+    import lmdb
+
+    if not (path / "data.mdb").exists():
+        return 0
+    env = lmdb.open(str(path), max_dbs=0, readonly=True)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(b"mapplied")
+            return int.from_bytes(raw, "big") if raw else 0
+    finally:
+        env.close()
 
 
 async def test_second_open_in_another_process_fails_at_once_naming_the_holder(tmp_path):

@@ -1,4 +1,6 @@
-"""The LMDB store's own behaviour: its storage format and when a batch is written inline."""
+"""The LMDB store's own behaviour: its storage format and when a batch is written inline.
+
+The write-ahead log and checkpoints have their own module (test_wal.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +38,10 @@ async def test_new_directory_is_stamped_and_reopens(tmp_path):
         await db.transact(lambda tr: _set(tr, b"a", b"1"))
     env = lmdb.open(str(tmp_path), max_dbs=0, readonly=True, lock=False)
     with env.begin() as txn:
-        assert txn.get(b"mformat") == b"2"
-        assert txn.get(b"ka") == b"1"
+        assert txn.get(b"mformat") == b"3"
+        assert txn.get(b"ka") == b"1"  # closing checkpointed the log into the tree
     env.close()
+    assert list((tmp_path / "wal").iterdir()) == []  # ...and left no segment behind
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         tr = db.create_transaction()
         assert await tr.get(b"a") == b"1"
@@ -164,42 +167,6 @@ async def test_a_slow_disk_sends_lone_commits_to_the_writer_thread(tmp_path):
         assert stats["inline_batches"] == inline0 + 1
 
 
-async def test_a_big_batch_is_written_inline_even_beside_a_busy_loop(tmp_path, monkeypatch):
-    """py-lmdb retakes the GIL after every put; beside a busy loop thread each
-    retake waits, so a big batch on the writer thread crawled (a fork copy made
-    no progress for minutes). Big batches are written inline instead."""
-    import kv.lmdb_engine
-    from kv.lmdb_engine import INLINE_ALWAYS_ABOVE_MUTATIONS
-
-    # As on a slow disk: the idle rule never applies, only the size rule can.
-    monkeypatch.setattr(kv.lmdb_engine, "INLINE_MAX_COMMIT_SECONDS", -1.0)
-
-    async with await kv.open(f"lmdb:{tmp_path}") as db:
-        stats = db.engine.stats
-        stop = False
-
-        async def busy() -> None:
-            while not stop:
-                await trio.sleep(0)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(busy)
-            await trio.sleep(0)
-            inline0 = stats["inline_batches"]
-            small = db.create_transaction()
-            small.set(b"small", b"v")
-            await small.commit()
-            assert stats["inline_batches"] == inline0  # a small batch goes to the thread
-            big = db.create_transaction()
-            for i in range(INLINE_ALWAYS_ABOVE_MUTATIONS + 1):
-                big.set(b"big/%05d" % i, b"v" * 20)
-            await big.commit()
-            assert stats["inline_batches"] == inline0 + 1
-            stop = True
-        tr = db.create_transaction()
-        assert len(await tr.get_range(b"big/", b"big0")) == INLINE_ALWAYS_ABOVE_MUTATIONS + 1
-
-
 async def test_concurrent_batches_keep_version_order_and_lose_nothing(tmp_path):
     """With many writers, batches form while one is on the writer thread. Every
     commit must land exactly once, versions and versionstamps must follow
@@ -243,21 +210,24 @@ async def test_concurrent_batches_keep_version_order_and_lose_nothing(tmp_path):
 
 
 async def test_a_failed_batch_fails_only_its_own_commits(tmp_path, monkeypatch):
-    """A storage error writing one batch among concurrent ones reaches exactly
-    the commits in that batch (nothing of it is stored); the pipeline goes on
-    for the rest."""
+    """An error building one batch among concurrent ones (before anything of
+    it reaches the log) reaches exactly the commits in that batch (nothing of
+    it is stored, its staged overlay entries are gone); the pipeline goes on
+    for the rest. (A failed log write instead stops commits: test_wal.py.)"""
     import kv.lmdb_engine
 
-    original = kv.lmdb_engine.LmdbStore.apply_sync
+    original = kv.lmdb_engine.LmdbStore._stage
     failed_once = []
 
     def flaky(self, version, mutations):
+        record, touched = original(self, version, mutations)
         if not failed_once and any(m[0] == "set" and m[1].startswith(b"doomed") for m in mutations):
             failed_once.append(version)
-            raise lmdb.DiskError("injected disk error")
-        return original(self, version, mutations)
+            self._unstage(version, touched)  # as _stage does when it fails half-way
+            raise lmdb.DiskError("injected failure building the batch")
+        return record, touched
 
-    monkeypatch.setattr(kv.lmdb_engine.LmdbStore, "apply_sync", flaky)
+    monkeypatch.setattr(kv.lmdb_engine.LmdbStore, "_stage", flaky)
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         outcomes: dict[bytes, str] = {}
 
@@ -284,18 +254,16 @@ async def test_a_failed_batch_fails_only_its_own_commits(tmp_path, monkeypatch):
         assert len(outcomes) == 32 * 20
 
 
-def _stored_ceiling(path) -> int:
+def _stored_applied(path) -> int:
     env = lmdb.open(str(path), max_dbs=0, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            return int.from_bytes(txn.get(b"mversion"), "big")
+            return int.from_bytes(txn.get(b"mapplied"), "big")
     finally:
         env.close()
 
 
-async def test_version_ceiling_is_raised_rarely_and_a_reopened_store_starts_above_it(tmp_path):
-    import kv.lmdb_engine
-
+async def test_a_reopened_store_starts_above_every_version_it_used(tmp_path):
     versions = []
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         for i in range(30):
@@ -303,24 +271,22 @@ async def test_version_ceiling_is_raised_rarely_and_a_reopened_store_starts_abov
             tr.set(b"k%02d" % i, b"v")
             await tr.commit()
             versions.append(tr.get_committed_version())
-    ceiling = _stored_ceiling(tmp_path)
-    assert ceiling > max(versions)  # above every version used
-    # written by the first commit only: the others were below it (30 quick commits span < 5 s)
-    assert ceiling == versions[0] + kv.lmdb_engine.VERSION_CEILING_STEP
+    assert versions == sorted(set(versions))
+    applied = _stored_applied(tmp_path)
+    assert applied == max(versions)  # the tree records exactly the newest batch it holds
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         tr = db.create_transaction()
         assert await tr.get(b"k29") == b"v"
-        assert await tr.get_read_version() >= ceiling
+        assert await tr.get_read_version() >= applied
         tr.set(b"after", b"v")
         await tr.commit()
-        assert tr.get_committed_version() > ceiling  # no version reused across the restart
-    assert _stored_ceiling(tmp_path) > ceiling  # that commit reached the ceiling and raised it
+        assert tr.get_committed_version() > applied  # no version reused across the restart
 
 
 async def test_snapshot_versions_are_exact_while_the_writer_thread_commits(tmp_path):
-    """Each snapshot's version comes from its LMDB transaction id: a reader
-    opened while batches land on the writer thread sees exactly the keys of
-    versions up to its read version, never one from a later batch."""
+    """A reader opened while batches are staged and logged on the writer
+    thread sees exactly the keys of versions up to its read version, never
+    one from a later (staged, not yet durable) batch."""
     async with await kv.open(f"lmdb:{tmp_path}") as db:
         written: dict[bytes, int] = {}
         done = False

@@ -9,11 +9,18 @@ store the owner tag, checked whenever a caller names an owner.
 
 Key (under root["l"])              Value
 ---------------------------------  ----------------------------------------------------------
-("o", T, "sub", sid)               CBOR submission {"id", "owner", "conversation", "hash",
-                                   "attempt": 0, "created", "run_id", "policy"}
-("o", T, "sbd", sid, i)            chunk i of CBOR {"delivery", "result_schema"}: the request
-                                   itself, stored with the acknowledgement
-("o", T, "sbc", sid)               12 bytes (versionstamped value): position of its run.queued
+("o", T, "sub", sid)               b"\x01" + 12 bytes + CBOR submission {"id", "owner",
+                                   "conversation", "hash", "attempt": 0, "created", "run_id",
+                                   "policy", "body"?}: one versionstamped value holding the
+                                   position of its run.queued (the 12 bytes) and, in "body",
+                                   the request itself (canonical CBOR {"delivery",
+                                   "result_schema"}) when at most INLINE_REQUEST_BYTES.
+                                   (Records written before this layout are a bare CBOR map
+                                   without "body", and still read: see ledger.runs._SUB_MARK.)
+("o", T, "sbd", sid, i)            chunk i of the request when larger than INLINE_REQUEST_BYTES
+                                   (and of every request of a record of the older layout)
+("o", T, "sbc", sid)               12 bytes (versionstamped value): position of its run.queued,
+                                   written only with records of the older layout (read only)
 ("o", T, "cs", conv)               CBOR conversation state {"active": run id | None, "tail": next
                                    FIFO sequence}; "active" is the one run allowed to be
                                    ready/running/parked; it moves in the transaction that

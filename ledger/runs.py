@@ -52,7 +52,7 @@ from sessions import events as ev
 from sessions.codec import (canonical_dumps_and_hash, dumps, fastpack, id_source, loads, pack_i64, read_chunks,
                            write_chunks)
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
-from sessions.owners import OwnerLike, as_tag
+from sessions.owners import MAX_OWNER_PART, OwnerLike, as_tag
 
 from .errors import ConversationBusy, LeaseLost, NotFound, SubmissionConflict
 from .keyspace import LedgerKeyspace
@@ -92,7 +92,34 @@ MAX_REQUEST_BYTES = 4_000_000
 #: A settled event carries the result only when it is this small (the run record always has it).
 MAX_EVENT_RESULT_BYTES = 16_000
 MAX_ID = 512
+#: A request (canonical CBOR body) up to this size is stored inside its submission record, so a
+#: submit writes one key for record, request and position instead of three (each key costs
+#: the storage engine a write, a conflict range and an index entry; and the request's
+#: chunk keys had to be built). Larger ones go to chunks under ("o", T, "sbd", sid) as before.
+INLINE_REQUEST_BYTES = 64_000
+#: Bound on the rest of a record: submission id and conversation (MAX_ID characters, at most 4
+#: UTF-8 bytes each), owner tag (2 * MAX_OWNER_PART + 1), and under 1,000 bytes of field names,
+#: hash, run id, numbers and CBOR heads; plus the 13-byte mark and position.
+_SUB_OVERHEAD = 2 * 4 * MAX_ID + 4 * (2 * MAX_OWNER_PART + 1) + 1_000 + 13
 assert CLAIM_WINDOW >= 1 and DEFAULT_MAX_ATTEMPTS <= MAX_MAX_ATTEMPTS
+assert INLINE_REQUEST_BYTES + _SUB_OVERHEAD <= kv.limits.VALUE_SIZE_LIMIT
+
+#: First byte of a submission record written as one versionstamped value: then the 12-byte
+#: position of its run.queued event (10 bytes stamped at commit + the 2-byte order), then the
+#: CBOR record. A record from before it (a CBOR map: first byte 0xa0..0xbf, never 0x01) keeps
+#: its position under ("o", T, "sbc", sid) and its request in chunks; both are still read.
+_SUB_MARK = b"\x01"
+_SUB_HEAD = 1 + 12
+#: The set_versionstamped_value offset suffix of a record: the stamp goes right after the mark.
+_SUB_STAMP_AT = struct.pack("<I", 1)
+
+
+def _parse_submission(raw: bytes) -> tuple[dict[str, Any], bytes | None]:
+    """A stored submission record and the position of its run.queued (None: a record from
+    before positions were kept in it; see ``_SUB_MARK``)."""
+    if raw[:1] == _SUB_MARK:
+        return loads(memoryview(raw)[_SUB_HEAD:]), raw[1:_SUB_HEAD]
+    return loads(raw), None
 
 
 def encode_request(delivery: Any, result_schema: Any) -> tuple[bytes, str]:
@@ -305,13 +332,15 @@ class Ledger:
         body, digest = encoded if encoded is not None else encode_request(delivery, result_schema)
         if len(body) > MAX_REQUEST_BYTES:
             raise ValueError(f"a submission of {len(body)} bytes exceeds {MAX_REQUEST_BYTES}")
-        raw = await tr.get(self.keys.submission(tag, submission_id))
+        sub_key = self.keys.submission(tag, submission_id)
+        raw = await tr.get(sub_key)
         if raw is not None:
-            rec = loads(raw)
+            rec, pos = _parse_submission(raw)
             if rec["hash"] != digest or rec["conversation"] != conversation or rec.get("owner") != tag:
                 raise SubmissionConflict(f"submission {submission_id!r} was already used for a different request")
             run = await self._run(tr, rec["run_id"])
-            pos = await tr.get(self.keys.submission_cursor(tag, submission_id))
+            if pos is None:  # a record from before positions were kept in it
+                pos = await tr.get(self.keys.submission_cursor(tag, submission_id))
             outcome = await self._outcome(tr, run["id"]) if run["state"] in SETTLED_STATES else None
             lease = None
             if claim is not None and run["state"] == RUNNING:
@@ -360,18 +389,22 @@ class Ledger:
                 run.update(state=RUNNING, attempt=1, claims=1)
         tr.set(cs_key, dumps(cs))
         self._put_run(tr, run)
-        tr.set(self.keys.submission(tag, submission_id), dumps({
-            "id": submission_id, "owner": tag, "conversation": conversation, "hash": digest, "attempt": 0,
-            "created": now, "run_id": run_id, "policy": policy}))
-        write_chunks(tr, self.keys.submission_body(tag, submission_id), body)
+        rec = {"id": submission_id, "owner": tag, "conversation": conversation, "hash": digest, "attempt": 0,
+               "created": now, "run_id": run_id, "policy": policy}
+        if len(body) <= INLINE_REQUEST_BYTES:
+            rec["body"] = body
+        else:
+            write_chunks(tr, self.keys.submission_body(tag, submission_id), body)
         # run.queued, and run.started when claimed here: one emit (the same keys and values as two)
         items: list[tuple[str, Any]] = [(ev.RUN_QUEUED, {"run_id": run_id, "submission_id": submission_id})]
         if lease_rec is not None:
             items.append((ev.RUN_STARTED, {"run_id": run_id, "attempt": 1, "max_attempts": max_attempts,
                                            "takeover": False}))
         ref = (await self.journal.emit_many_tr(tr, tag, conversation, items))[0]
-        tr.set_versionstamped_value(self.keys.submission_cursor(tag, submission_id),
-                                    b"\x00" * 10 + ref.order.to_bytes(2, "big") + struct.pack("<I", 0))
+        # The record, its request and the position of its run.queued: one versionstamped value
+        # (see _SUB_MARK). Unreadable in this transaction, which never reads it back.
+        tr.set_versionstamped_value(sub_key, b"".join((
+            _SUB_MARK, b"\x00" * 10, ref.order.to_bytes(2, "big"), dumps(rec), _SUB_STAMP_AT)))
         lease = None
         if lease_rec is not None:
             assert claim is not None
@@ -433,21 +466,35 @@ class Ledger:
 
     async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a leased run's submission, in ``tr`` (read-only):
-        the lease already names the owner and submission, so the run record is not re-read."""
-        body = await read_chunks(tr, self.keys.submission_body(lease.owner, lease.submission_id))
-        if body is None:
+        the lease already names the owner and submission, so the run record is not re-read.
+        Not in the transaction that submitted it (its record is a versionstamped value there)."""
+        req = await self._request(tr, lease.owner, lease.submission_id)
+        if req is None:
             raise NotFound(f"run {lease.run_id!r} not found")
-        req = loads(body)
         return req["delivery"], req["result_schema"]
+
+    async def _request(self, tr: Any, tag: str, submission_id: str) -> dict[str, Any] | None:
+        """A submission's stored request ``{"delivery", "result_schema"}`` (None: no such
+        submission): inside its record, or in chunks when large (or written before requests
+        were kept in the record)."""
+        raw = await tr.get(self.keys.submission(tag, submission_id))
+        if raw is None:
+            return None
+        rec, _ = _parse_submission(raw)
+        body = rec.get("body")
+        if body is None:
+            body = await read_chunks(tr, self.keys.submission_body(tag, submission_id))
+            if body is None:
+                return None
+        return loads(body)
 
     async def get_request(self, run_id: str, *, owner: OwnerLike | None = None) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a run's submission. Read-only."""
         async def fn(tr: Any) -> tuple[Any, Any]:  # read-only
             run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
-            body = await read_chunks(tr, self.keys.submission_body(run["owner"], run["submission_id"]))
-            if body is None:
+            req = await self._request(tr, run["owner"], run["submission_id"])
+            if req is None:
                 raise NotFound(f"run {run_id!r} not found")
-            req = loads(body)
             return req["delivery"], req["result_schema"]
 
         return await self.db.transact(fn)

@@ -21,7 +21,7 @@ import cbor2
 import kv
 
 __all__ = [
-    "fastpack", "pack_str", "dumps", "loads", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
+    "fastpack", "pack_str", "dumps", "loads", "canonical_dumps", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
 ]
 
@@ -37,6 +37,11 @@ def dumps(value: Any) -> bytes:
 
 def loads(data: bytes) -> Any:
     return cbor2.loads(data)
+
+
+def canonical_dumps(value: Any) -> bytes:
+    """Canonical CBOR (sorted map keys, shortest floats): what :func:`canonical_hash` hashes."""
+    return cbor2.dumps(value, canonical=True)
 
 
 def canonical_hash(value: Any) -> str:

@@ -4,12 +4,15 @@ still read."""
 
 from __future__ import annotations
 
+import cbor2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger import QUEUED, Ledger, SubmissionConflict, encode_request
 from ledger.runs import INLINE_REQUEST_BYTES
 from sessions import Owner, Sessions, events
-from sessions.codec import dumps, write_chunks
+from sessions.codec import canonical_hash, dumps, write_chunks
 
 OWNER = Owner("test", "u1")
 
@@ -78,3 +81,18 @@ async def test_a_record_of_the_older_layout_is_still_read(db):
         "delivery": {"text": "old"}, "result_schema": None}
     with pytest.raises(SubmissionConflict):
         await L.submit("old", {"text": "other"}, None, owner=OWNER, conversation="c")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8) | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(delivery=_json, schema=_json)
+def test_the_request_body_is_the_canonical_cbor_of_the_whole_map(delivery, schema):
+    """encode_request builds the outer map itself: byte for byte cbor2's canonical encoding."""
+    body, digest = encode_request(delivery, schema)
+    assert body == cbor2.dumps({"delivery": delivery, "result_schema": schema}, canonical=True)
+    assert digest == canonical_hash({"delivery": delivery, "result_schema": schema})

@@ -191,7 +191,7 @@ class _LmdbSnapshot:
     def close(self) -> None:
         base, self._base = self._base, None
         if base is not None:
-            self._store._release(base)
+            self._store._release(base, self.version)
 
 
 class _WriterThread:
@@ -291,8 +291,15 @@ class LmdbStore:
         self._sealed_through = self._version  # newest version in a sealed segment
         self._checkpoint_due = False  # a sealed segment may not be in the base yet
         self._trim_floor = self._version  # overlay entries <= this are in every base in use
-        self._floor_stale = False  # an old base was released: the floor may rise
+        # Open snapshots' versions (version -> count, and the versions in the order first
+        # taken, which is ascending): what the dead-key purge must keep readable.
+        self._snap_counts: dict[int, int] = {}
+        self._snap_order: deque[int] = deque()
+        self._released: list[tuple[_Base, int]] = []  # closed snapshots, not yet accounted
+        self._dead: deque[tuple[int, bytes]] = deque()  # (version, key) of tombstones, oldest first
+        self._purged: list[tuple[int, bytes]] = []  # purged tombstones the base does not hold yet
         self._broken: BaseException | None = None
+        self._staged_dead: list[tuple[int, bytes]] = []  # the batch in flight's tombstones
         self._commit_seconds = 0.0  # recent log sync time (moving average), for can_apply_inline
         self._use_checkpointer = checkpointer
         self._proc: subprocess.Popen | None = None
@@ -334,29 +341,54 @@ class LmdbStore:
         return self._version
 
     def snapshot(self) -> _LmdbSnapshot:
-        if self._checkpoint_due or self._floor_stale:
+        if self._released or self._checkpoint_due:
             self._maintain()
-        return _LmdbSnapshot(self, self._base, self._version)
+        version = self._version
+        count = self._snap_counts.get(version)
+        if count is None:
+            self._snap_counts[version] = 1
+            self._snap_order.append(version)
+        else:
+            self._snap_counts[version] = count + 1
+        return _LmdbSnapshot(self, self._base, version)
 
     def _maintain(self) -> None:
-        """Take a landed checkpoint as the new base and drop what no base needs.
+        """Account closed snapshots, take a landed checkpoint as the new base,
+        and drop what no base needs.
 
         Only called where no read is under way (taking a snapshot, publishing
         a batch): a snapshot may be closed by a finalizer at any allocation,
         even in the middle of a range read's walk over the overlay, so
-        closing one only marks the floor stale.
+        closing one only queues it on ``_released`` (``list.append`` is
+        atomic) and the bookkeeping happens here.
         """
+        released, counts = self._released, self._snap_counts
+        floor_stale = False
+        while released:
+            base, version = released.pop()
+            counts[version] -= 1
+            if base.refs == 0 and base is not self._base and base in self._old_bases:
+                base.txn.abort()
+                self._old_bases.remove(base)
+                floor_stale = True
         if self._checkpoint_due:
             self._take_new_base()
-        if self._floor_stale:
-            self._floor_stale = False
+        if floor_stale:
             self._raise_trim_floor()
+
+    def _oldest_snapshot_version(self) -> int:
+        """The lowest version any open snapshot reads at (the store's version if none)."""
+        order, counts = self._snap_order, self._snap_counts
+        while order and counts[order[0]] == 0:
+            del counts[order.popleft()]
+        return order[0] if order else self._version
 
     def _take_new_base(self) -> None:
         """Move new snapshots onto the newest checkpoint, if one has landed."""
         if self.env.info()["last_txnid"] == self._base.txnid:
             return
         new = _Base(self.env)
+        self._restore_purged(new)
         old, self._base = self._base, new
         if old.refs == 0:
             old.txn.abort()
@@ -366,14 +398,44 @@ class LmdbStore:
             self._checkpoint_due = False
         self._raise_trim_floor()
 
-    def _release(self, base: _Base) -> None:
+    def _restore_purged(self, new: _Base) -> None:
+        """Put back the tombstones of purged keys that ``new`` holds again.
+
+        A key written in one segment and deleted in the next may be purged
+        (see :meth:`_purge_dead`) while the base holds neither; a checkpoint
+        of the first segment alone then brings the key into the tree. Its
+        deletion, still only in the log, must hide it again.
+        """
+        keep = []
+        for version, key in self._purged:
+            if version <= new.version:
+                continue  # the tree has the deletion too
+            keep.append((version, key))
+            if layout.get(new.txn, key) is not None:
+                self._insert_entry(key, version, None)
+        self._purged = keep
+
+    def _insert_entry(self, key: bytes, version: int, value: bytes | None) -> None:
+        """An overlay entry at ``version``, in version order among the key's others."""
+        hist = self._hist.get(key)
+        if hist is None:
+            self._hist[key] = ((version, value),)
+            self._keys.add(key)
+            return
+        entries = list(hist)
+        i = len(entries)
+        while i and entries[i - 1][0] > version:
+            i -= 1
+        if i and entries[i - 1][0] == version:
+            return  # already there
+        entries.insert(i, (version, value))
+        self._hist[key] = entries
+
+    def _release(self, base: _Base, version: int) -> None:
         if self._closed:
             return  # close() aborted every base already
         base.refs -= 1
-        if base.refs == 0 and base is not self._base:
-            base.txn.abort()
-            self._old_bases.remove(base)
-            self._floor_stale = True  # trimmed at the next _maintain, never here (see there)
+        self._released.append((base, version))  # accounted at the next _maintain, never here (see there)
 
     def _raise_trim_floor(self) -> None:
         floor = min([b.version for b in self._old_bases] + [self._base.version])
@@ -449,6 +511,7 @@ class LmdbStore:
         assert version > self._version, (version, self._version)
         touched: list[bytes] = []
         effects: list = []
+        dead: list[tuple[int, bytes]] = []  # tombstones this batch writes (purged later, see _purge_dead)
         hists, keys = self._hist, self._keys
         try:
             for m in mutations:
@@ -471,6 +534,7 @@ class LmdbStore:
                     begin, end = m[1], m[2]
                     for key in self._visible_keys(begin, end):
                         self._put(version, key, None, touched)
+                        dead.append((version, key))
                     effects.append((layout.CLEAR, begin, end))
                 else:  # ("atomic", op, key, param)
                     _, op, key, param = m
@@ -481,11 +545,13 @@ class LmdbStore:
                         effects.append((layout.SET, key, new))
                     elif old is not None:
                         self._put(version, key, None, touched)
+                        dead.append((version, key))
                         effects.append((layout.DELETE, key))
             record = wal.encode_record(version, effects)
         except BaseException:
             self._unstage(version, touched)
             raise
+        self._staged_dead = dead
         return record, touched
 
     def _put(self, version: int, key: bytes, value: bytes | None, touched: list[bytes]) -> None:
@@ -551,6 +617,8 @@ class LmdbStore:
     def _publish(self, version: int, touched: list[bytes], nbytes: int, sealed: bool) -> None:
         self._version = version
         self._recent.append((version, touched))
+        if self._staged_dead:
+            self._dead.extend(self._staged_dead)
         stats = self.stats
         stats["batches"] += 1
         stats["bytes_written"] += nbytes
@@ -563,10 +631,43 @@ class LmdbStore:
         # The log's syncs, plus the checkpoint's for every sealed segment (made in the helper
         # process, off every acknowledgement's path, but made): the honest count per batch.
         stats["fsyncs"] = self._log.fsyncs + CHECKPOINT_SYNCS_PER_SEGMENT * stats["segments_sealed"]
-        if self._checkpoint_due or self._floor_stale:  # (blind writers take no snapshots: look here too)
+        if self._released or self._checkpoint_due:  # (blind writers take no snapshots: look here too)
             self._maintain()
         if self._recent[0][0] <= self._trim_floor:
             self._trim()
+        if self._dead:
+            self._purge_dead()
+
+    def _purge_dead(self, budget: int = TRIM_BUDGET) -> None:
+        """Forget keys that were deleted and that nothing can read any more.
+
+        A key created and deleted between two checkpoints (a ready-index or
+        lease-expiry entry: the queues of the ledger) would otherwise stay
+        as a tombstone until the next checkpoint, and every range read over
+        its queue would walk past all of them: claim after claim, each
+        slower than the last. Such a key can go once every open snapshot
+        reads at or after its deletion and no base holds it (then a read
+        that misses the overlay finds nothing in the base either, which is
+        right). Keys the base still holds wait for the checkpoint, as does
+        everything while a superseded base is still read.
+        """
+        if self._old_bases:
+            return
+        floor = self._oldest_snapshot_version()
+        dead, hists, keys, txn = self._dead, self._hist, self._keys, self._base.txn
+        while dead and dead[0][0] <= floor and budget > 0:
+            version, key = dead.popleft()
+            budget -= 1
+            hist = hists.get(key)
+            if hist is None or hist[-1][1] is not None or hist[-1][0] > floor:
+                continue  # gone already, written again, or deleted again later (its own entry)
+            if layout.get(txn, key) is not None:
+                continue  # the base still has it: the tombstone hides it until a checkpoint
+            del hists[key]
+            keys.remove(key)
+            # The newest deletion's version, not this entry's: the key may have been written
+            # and deleted again since, and a base between the two must not show it.
+            self._purged.append((hist[-1][0], key))
 
     # -- checkpoints ------------------------------------------------------
 

@@ -29,6 +29,7 @@ from kv.lmdb_engine import LmdbStore
 from kv.wal import WalCorrupt, list_segments
 
 ROOT = Path(__file__).resolve().parents[2]
+SEED = 1234  # of the random model test (a stress run sets others)
 
 
 def _open(path: Path, **store_options) -> kv.Database:
@@ -224,10 +225,13 @@ def _long(i: int) -> bytes:
 
 
 async def test_reads_merge_overlay_and_tree_like_a_dict_across_random_checkpoints(tmp_path):
-    """Random sets, clears, atomic adds and long keys, with checkpoints at
-    random points and snapshots held across them: every read agrees with a
-    dict model of the snapshot's version."""
-    rng = random.Random(1234)
+    """Random sets, clears, atomic adds and long keys, with segments sealed and
+    checkpointed at random points (some passes taking only older segments)
+    and snapshots held across them: every read agrees with a dict model of
+    the snapshot's version."""
+    from kv.wal import checkpoint_lock, checkpoint_pass
+
+    rng = random.Random(SEED)
     keys = [b"k%02d" % i for i in range(40)] + [_long(i) for i in range(8)]
     model: dict[bytes, bytes] = {}
     held: list[tuple[object, dict[bytes, bytes]]] = []
@@ -254,8 +258,17 @@ async def test_reads_merge_overlay_and_tree_like_a_dict_across_random_checkpoint
                     old = int.from_bytes(model.get(k, b"").ljust(8, b"\x00")[:8], "little")
                     model[k] = ((old + 1) % 2**64).to_bytes(8, "little")
             await tr.commit()
-            if rng.random() < 0.1:
-                store.checkpoint()
+            r = rng.random()
+            if r < 0.05:
+                store.checkpoint()  # seal the current segment, checkpoint every sealed one
+            elif r < 0.12:
+                with store._log_lock:
+                    store._log.seal()  # seal only: a later pass may take some segments and not others
+            elif r < 0.2:
+                with checkpoint_lock(path):
+                    checkpoint_pass(store.env, path / "wal", include_newest=False)
+                store._checkpoint_due = True
+                store._maintain()
             if rng.random() < 0.1:
                 snap = db.create_transaction()
                 await snap.get_read_version()
@@ -275,6 +288,62 @@ async def test_reads_merge_overlay_and_tree_like_a_dict_across_random_checkpoint
             if held and rng.random() < 0.2:  # drop the oldest held snapshot
                 snap, _ = held.pop(0)
                 snap.cancel()
-        assert store.stats["segments_sealed"] > 5
+        assert store._log.number > 10  # many segments were sealed along the way
     async with _open(path) as db:  # and what the tree holds after close is the model
         assert await _all(db) == model
+
+
+async def test_a_key_created_and_deleted_between_checkpoints_stays_deleted(tmp_path):
+    """A queue entry written and deleted before any checkpoint is forgotten at
+    once (no tombstone for range reads to walk past), and stays deleted when
+    a checkpoint of only the segment that created it lands."""
+    from kv.wal import checkpoint_lock, checkpoint_pass
+
+    path = tmp_path / "data"
+    async with _open(path, checkpointer=False, segment_bytes=1 << 30) as db:
+        store = db.engine.store
+        await _set(db, {b"q/1": b"job"})
+        with store._log_lock:
+            store._log.seal()  # segment 1 holds the write; the delete goes to segment 2
+
+        async def take(tr):  # guarded by the read of the entry
+            assert await tr.get(b"q/1") == b"job"
+            tr.clear(b"q/1")
+
+        await db.transact(take)
+        assert b"q/1" not in store._hist  # purged: nothing open can read it, the tree lacks it
+        with checkpoint_lock(path):
+            checkpoint_pass(store.env, path / "wal", include_newest=False)  # segment 1 only
+        store._checkpoint_due = True
+        store._maintain()
+        assert store._base.version > 0 and layout_get(store, b"q/1") == b"job"  # the tree has it again
+        tr = db.create_transaction()
+        assert await tr.get(b"q/1") is None
+        assert await tr.get_range(b"q/", b"q0") == []
+
+    async with _open(path) as db:
+        assert await _all(db, b"q/", b"q0") == {}
+
+
+def layout_get(store, key):
+    from kv import lmdb_layout
+
+    return lmdb_layout.get(store._base.txn, key)
+
+
+async def test_range_reads_over_a_busy_queue_do_not_walk_past_its_history(tmp_path):
+    """Claim-style traffic: add an entry, read the queue's head, delete it.
+    The overlay keeps no trace of the finished entries."""
+    async with _open(path := tmp_path / "data", checkpointer=False) as db:
+        store = db.engine.store
+        for i in range(500):
+            await _set(db, {b"ready/%05d" % i: b"run"})
+
+            async def claim(tr):  # guarded by the read of the head
+                head = await tr.get_range(b"ready/", b"ready0", limit=1)
+                tr.clear(head[0].key)
+
+            await db.transact(claim)
+        assert store.overlay_size() < 10
+        assert await _all(db, b"ready/", b"ready0") == {}
+    assert path.exists()

@@ -74,6 +74,7 @@ CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB co
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
 TRIM_BUDGET = 4_096  # overlay keys dropped per call once a checkpoint has landed
+MAX_CHECKPOINTER_STARTS = 5  # after this many starts of the helper, checkpoint in this process
 CHECKPOINTER_EXIT_SECONDS = 60.0  # close() waits this long for the helper's current pass, then kills it
 _COMMIT_EWMA_WEIGHT = 0.1  # weight of the newest sync in the recent-sync-time average
 _KV_PARENT = str(Path(__file__).resolve().parents[1])  # put on the checkpointer's PYTHONPATH
@@ -303,6 +304,7 @@ class LmdbStore:
         self._commit_seconds = 0.0  # recent log sync time (moving average), for can_apply_inline
         self._use_checkpointer = checkpointer
         self._proc: subprocess.Popen | None = None
+        self._checkpointer_starts = 0
         self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0, "segments_sealed": 0, "overlay_keys": 0}
         self._writer = _WriterThread(f"surefoot-wal-writer:{self.path.name}")
         self._closed = False
@@ -633,7 +635,7 @@ class LmdbStore:
         stats["fsyncs"] = self._log.fsyncs + CHECKPOINT_SYNCS_PER_SEGMENT * stats["segments_sealed"]
         if self._released or self._checkpoint_due:  # (blind writers take no snapshots: look here too)
             self._maintain()
-        if self._recent[0][0] <= self._trim_floor:
+        if self._recent and self._recent[0][0] <= self._trim_floor:
             self._trim()
         if self._dead:
             self._purge_dead()
@@ -672,12 +674,24 @@ class LmdbStore:
     # -- checkpoints ------------------------------------------------------
 
     def _request_checkpoint(self) -> None:
-        """Poke the checkpointer process (started the first time it is needed)."""
+        """Poke the checkpointer process (started the first time it is needed).
+
+        If it keeps dying (``MAX_CHECKPOINTER_STARTS``), checkpoint in this
+        process instead: slower for the loop, but the overlay stays bounded.
+        """
+        if self._checkpointer_starts >= MAX_CHECKPOINTER_STARTS and (self._proc is None or self._proc.poll() is not None):
+            if self._proc is not None:
+                log.error("checkpointer for %s keeps exiting (%s); checkpointing in this process from now on",
+                          self.path, self._proc.returncode)
+                self._proc = None
+            self._checkpoint_inline()
+            return
         for _ in range(2):
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 if proc is not None:
                     log.warning("checkpointer for %s exited with %s; starting another", self.path, proc.returncode)
+                self._checkpointer_starts += 1
                 env = dict(os.environ)
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [_KV_PARENT, env.get("PYTHONPATH")]))
                 proc = self._proc = subprocess.Popen(
@@ -689,7 +703,12 @@ class LmdbStore:
                 return
             except OSError:  # it died between the poll and the write
                 continue
-        log.error("could not start a checkpointer for %s; sealed log segments wait for close", self.path)
+        log.error("could not reach a checkpointer for %s; checkpointing in this process", self.path)
+        self._checkpoint_inline()
+
+    def _checkpoint_inline(self) -> None:
+        with wal.checkpoint_lock(self.path):
+            wal.checkpoint_pass(self.env, self._wal_dir, include_newest=False)
 
     def checkpoint(self) -> None:
         """Seal the current segment and checkpoint every sealed one now, in this process.

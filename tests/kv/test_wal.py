@@ -347,3 +347,22 @@ async def test_range_reads_over_a_busy_queue_do_not_walk_past_its_history(tmp_pa
         assert store.overlay_size() < 10
         assert await _all(db, b"ready/", b"ready0") == {}
     assert path.exists()
+
+
+async def test_a_checkpointer_that_cannot_run_is_replaced_by_checkpoints_in_the_store(tmp_path, monkeypatch, caplog):
+    """If the helper process keeps exiting (here: an interpreter that fails at
+    once), the store checkpoints sealed segments itself, so the overlay and
+    the log stay bounded."""
+    import kv.lmdb_engine
+
+    monkeypatch.setattr(kv.lmdb_engine.sys, "executable", "/bin/false")
+    path = tmp_path / "data"
+    async with _open(path, segment_bytes=512) as db:
+        store = db.engine.store
+        for i in range(400):
+            await _set(db, {b"k/%04d" % i: b"v" * 40})
+        assert store._checkpointer_starts == kv.lmdb_engine.MAX_CHECKPOINTER_STARTS
+        assert len(list_segments(path / "wal")) <= 2  # sealed segments did not pile up
+        assert store.overlay_size() < 100
+        assert len(await _all(db, b"k/", b"k0")) == 400
+    assert "checkpointing in this process from now on" in caplog.text

@@ -91,8 +91,9 @@ class LedgerKeyspace:
         return self._b + _O + pack_str(tag)
 
     # submissions
-    @lru_cache(maxsize=_CACHE)
     def submission(self, tag: str, sid: str) -> bytes:
+        # Not cached: a submission id is looked up about once (its submit, a claim's request
+        # read), and a cache miss (insert, evict) costs more than the two concatenations.
         return self._owned(tag) + _SUB + pack_str(sid)
 
     @lru_cache(maxsize=_CACHE)
@@ -111,6 +112,19 @@ class LedgerKeyspace:
     @lru_cache(maxsize=_CACHE)
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
         return fastpack(self._owned(tag) + _Q + pack_str(conv), (seq,))
+
+    @lru_cache(maxsize=_CACHE)
+    def _queue_prefixes(self, tag: str, conv: str) -> tuple[bytes, bytes]:
+        owned, c = self._owned(tag), pack_str(conv)
+        return owned + _Q + c, owned + _H + c
+
+    def fifo_and_history(self, tag: str, conv: str, seq: int) -> tuple[bytes, bytes]:
+        """``(fifo(tag, conv, seq), history(tag, conv, seq))``, which every submit writes: the
+        conversation's prefixes cached, ``seq`` packed once for both (and not cached: each
+        sequence number is written once)."""
+        q, h = self._queue_prefixes(tag, conv)
+        s = fastpack(b"", (seq,))
+        return q + s, h + s
 
     @lru_cache(maxsize=_CACHE)
     def fifo_range(self, tag: str, conv: str) -> slice:

@@ -235,16 +235,22 @@ class RunInfo:
 
 
 class _PendingAck:
-    __slots__ = ("ack", "ref", "lease")
+    """A submit's acknowledgement once its transaction commits: ``ack`` as is (``ref`` None),
+    or a new run's, made once its run.queued position is known (``ack`` None: the
+    Acknowledgement, a frozen dataclass, is built once, not once before and again after)."""
 
-    def __init__(self, ack: Acknowledgement, ref: EventRef | None, lease: "Lease | None" = None) -> None:
+    __slots__ = ("ack", "ref", "lease", "submission_id", "run_id", "status")
+
+    def __init__(self, ack: Acknowledgement | None, ref: EventRef | None, lease: "Lease | None" = None,
+                 submission_id: str = "", run_id: str = "", status: str = "") -> None:
         self.ack, self.ref, self.lease = ack, ref, lease
+        self.submission_id, self.run_id, self.status = submission_id, run_id, status
 
     async def result(self) -> Acknowledgement:
         if self.ref is None:
+            assert self.ack is not None
             return self.ack
-        a = self.ack
-        return Acknowledgement(a.submission_id, a.run_id, await self.ref.cursor(), a.status, a.outcome, a.created)
+        return Acknowledgement(self.submission_id, self.run_id, await self.ref.cursor(), self.status)
 
 
 _SKIP = object()
@@ -380,10 +386,12 @@ class Ledger:
         cs["tail"] = seq + 1
         run = {"id": run_id, "owner": tag, "conversation": conversation, "submission_id": submission_id,
                "seq": seq, "state": QUEUED, "attempt": 0, "claims": 0, "max_attempts": max_attempts,
-               "created": now, "updated": now, "limits": dict(limits or {}), "rd": None,
+               "created": now, "updated": now, "limits": dict(limits) if limits else {}, "rd": None,
                "settled_token": None, "released_token": None, "error": None}
-        tr.set(self.keys.fifo(tag, conversation, seq), run_id.encode())
-        tr.set(self.keys.history(tag, conversation, seq), run_id.encode())
+        fifo_key, history_key = self.keys.fifo_and_history(tag, conversation, seq)
+        rid = run_id.encode()
+        tr.set(fifo_key, rid)
+        tr.set(history_key, rid)
         lease_rec: dict[str, Any] | None = None
         if cs["active"] is None:
             cs["active"] = run_id
@@ -400,7 +408,7 @@ class Ledger:
                 tr.set(self.keys.expiry(expires_us, run_id), b"")
                 run.update(state=RUNNING, attempt=1, claims=1)
         tr.set(cs_key, dumps(cs))
-        self._put_run(tr, run)
+        tr.set(self.keys.run(run_id), dumps(run))  # (_put_run, "updated" being now)
         rec = {"id": submission_id, "owner": tag, "conversation": conversation, "hash": digest, "attempt": 0,
                "created": now, "run_id": run_id, "policy": policy}
         if len(body) <= INLINE_REQUEST_BYTES:
@@ -424,7 +432,7 @@ class Ledger:
             lease.new_run = True
             if claim.on_claimed is not None:
                 lease.prepared = await claim.on_claimed(tr, lease)
-        return _PendingAck(Acknowledgement(submission_id, run_id, None, run["state"], None, created=True), ref, lease)
+        return _PendingAck(None, ref, lease, submission_id, run_id, run["state"])
 
     async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
                      owner: OwnerLike, conversation: str, policy: Policy = "queue",
@@ -432,11 +440,12 @@ class Ledger:
                      max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Acknowledgement:
         """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
         sid = submission_id or self.new_id()
+        tag = as_tag(owner)
         encoded = encode_request(delivery, result_schema)
         pending = await self.db.transact(lambda tr: self.submit_tr(
-            tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
+            tr, sid, delivery, result_schema, owner=tag, conversation=conversation, policy=policy,
             limits=limits, max_attempts=max_attempts, encoded=encoded))
-        self.journal.note_committed(owner, conversation)  # it journaled run.queued
+        self.journal.note_committed(tag, conversation)  # it journaled run.queued
         return await pending.result()
 
     async def submit_and_claim(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,

@@ -37,6 +37,7 @@ Retention
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -193,6 +194,9 @@ def _stamped_event_key(prefix: bytes, order: int) -> bytes:
             + struct.pack("<I", len(prefix) + 1))
 
 
+_ADD_ONE = pack_i64(1)
+
+
 def _position_of(prefix: bytes, key: bytes) -> bytes:
     """The 12 position bytes of an event key (see :func:`_stamped_event_key`)."""
     n = len(prefix)
@@ -275,24 +279,33 @@ class Journal:
             values.append(value)
         if not known:
             await self._ensure_conversation(tr, tag, conversation)
-        prefix = self.keys.events(tag, conversation).raw_prefix
+        head, tail, emitted = self._append_keys(tag, conversation)
         out: list[EventRef] = []
         order = _next_order(tr, len(values))
         if refs:
             stamp = tr.get_versionstamp()
             for (type, _), value in zip(items, values):
-                tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
+                tr.set_versionstamped_key(head + order.to_bytes(2, "big") + tail, value)
                 out.append(EventRef(stamp, order, type))
                 order += 1
         else:
             for value in values:
-                tr.set_versionstamped_key(_stamped_event_key(prefix, order), value)
+                tr.set_versionstamped_key(head + order.to_bytes(2, "big") + tail, value)
                 order += 1
-        tr.add(self.keys.emitted(tag, conversation), pack_i64(len(values)))
+        tr.add(emitted, _ADD_ONE if len(values) == 1 else pack_i64(len(values)))
         self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
         if self.retention and n >= self.trim_slack:
             self._grown_event.set()
         return out
+
+    @functools.lru_cache(maxsize=1_024)
+    def _append_keys(self, tag: str, conversation: str) -> tuple[bytes, bytes, bytes]:
+        """What every emit to a conversation writes, from one cached call: an event key is
+        ``head + order + tail`` (:func:`_stamped_event_key` split around the per-event
+        order), and the emitted-count key."""
+        prefix = self.keys.events(tag, conversation).raw_prefix
+        key = _stamped_event_key(prefix, 0)
+        return key[:-6], key[-4:], self.keys.emitted(tag, conversation)
 
     def note_committed(self, owner: OwnerLike, conversation: str) -> None:
         """Tell the journal a transaction that emitted to ``conversation`` committed: its

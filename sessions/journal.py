@@ -37,7 +37,6 @@ Retention
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
@@ -234,6 +233,7 @@ class Journal:
         # Conversations whose record a caller saw commit (note_committed): records are never
         # deleted, so emits to them skip the create-if-missing read. Bounded; forgetting is safe.
         self._known: set[tuple[str, str]] = set()
+        self._appends: dict[tuple[str, str], tuple[bytes, bytes, bytes]] = {}  # see _append_keys
         self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
         self._grown_event = trio.Event()
         self._recent: set[tuple[str, str]] = set()    # trimmed since the last sweep
@@ -279,7 +279,7 @@ class Journal:
             values.append(value)
         if not known:
             await self._ensure_conversation(tr, tag, conversation)
-        head, tail, emitted = self._append_keys(tag, conversation)
+        head, tail, emitted = self._append_keys(ck)
         out: list[EventRef] = []
         order = _next_order(tr, len(values))
         if refs:
@@ -298,14 +298,18 @@ class Journal:
             self._grown_event.set()
         return out
 
-    @functools.lru_cache(maxsize=1_024)
-    def _append_keys(self, tag: str, conversation: str) -> tuple[bytes, bytes, bytes]:
-        """What every emit to a conversation writes, from one cached call: an event key is
-        ``head + order + tail`` (:func:`_stamped_event_key` split around the per-event
-        order), and the emitted-count key."""
-        prefix = self.keys.events(tag, conversation).raw_prefix
-        key = _stamped_event_key(prefix, 0)
-        return key[:-6], key[-4:], self.keys.emitted(tag, conversation)
+    def _append_keys(self, ck: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
+        """What every emit to conversation ``ck`` writes, remembered per conversation: an
+        event key is ``head + order + tail`` (:func:`_stamped_event_key` split around the
+        per-event order), and the emitted-count key. (A dict on the journal, not an
+        lru_cache on the method: that would keep every journal, and its database, alive.)"""
+        keys = self._appends.get(ck)
+        if keys is None:
+            if len(self._appends) >= MAX_KNOWN_CONVERSATIONS:
+                self._appends.clear()
+            key = _stamped_event_key(self.keys.events(*ck).raw_prefix, 0)
+            keys = self._appends[ck] = (key[:-6], key[-4:], self.keys.emitted(*ck))
+        return keys
 
     def note_committed(self, owner: OwnerLike, conversation: str) -> None:
         """Tell the journal a transaction that emitted to ``conversation`` committed: its

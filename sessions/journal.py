@@ -80,6 +80,9 @@ TRIM_BATCH = 5_000
 MAX_TRACKED_CONVERSATIONS = 100_000
 #: Conversations known to exist (see :meth:`Journal.note_committed`) kept in memory.
 MAX_KNOWN_CONVERSATIONS = 100_000
+#: Conversations whose emit keys an emit remembers (see Journal._append_keys): as the
+#: keyspace's caches, small (the hot ones are those with runs in flight); forgetting is safe.
+APPEND_KEYS_CACHE = 1_024
 #: Conversation ids are key parts.
 MAX_CONVERSATION_ID = 512
 #: Cursor = 12 bytes, hex.
@@ -305,7 +308,7 @@ class Journal:
         lru_cache on the method: that would keep every journal, and its database, alive.)"""
         keys = self._appends.get(ck)
         if keys is None:
-            if len(self._appends) >= MAX_KNOWN_CONVERSATIONS:
+            if len(self._appends) >= APPEND_KEYS_CACHE:
                 self._appends.clear()
             key = _stamped_event_key(self.keys.events(*ck).raw_prefix, 0)
             keys = self._appends[ck] = (key[:-6], key[-4:], self.keys.emitted(*ck))

@@ -110,7 +110,7 @@ class CommitRequest:
 
     __slots__ = ("read_version", "read_ranges", "write_ranges", "mutations", "read_points",
                  "write_points", "stamped", "size", "tag", "version", "batch_version", "order", "error",
-                 "done", "task")
+                 "done", "task", "lead")
 
     def __init__(
         self,
@@ -141,6 +141,7 @@ class CommitRequest:
         self.error: BaseException | None = None
         self.done = False
         self.task: Any = None  # the parked committer's trio task, while it waits
+        self.lead: Any = None  # a submitted batch this waiter must see through (Engine._finish_submitted)
 
     @property
     def stamp(self) -> bytes | None:
@@ -230,6 +231,10 @@ class Engine:
         # and whether the engine should yield after such a write.
         self._can_apply_inline: Callable[[int], bool] = getattr(store, "can_apply_inline", lambda n: False)
         self._checkpoint_after_inline: bool = getattr(store, "checkpoint_after_inline", True)
+        # A store that writes on its own thread may accept a batch without being
+        # awaited (``submit(version, mutations) -> job``, ``await job.wait()``):
+        # the engine then hands it the next batch the moment one is durable.
+        self._submit: Callable[[int, list[Mutation]], Any] | None = getattr(store, "submit", None)
         self._last_version = store.committed_version()
         self._max_read_version = self._last_version
         self._applying_version: int | None = None
@@ -238,7 +243,8 @@ class Engine:
         self._watches: dict[bytes, set[Watch]] = {}
         self._watch_count = 0
         self.closed = False
-        self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0, "inline_batches": 0}
+        self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0, "inline_batches": 0,
+                      "chained_batches": 0}
 
     # -- versions ---------------------------------------------------------
 
@@ -293,9 +299,20 @@ class Engine:
             raise KVError(2000, "database is closed")
         self._pending.append(req)
         while not req.done:
-            if not self._writing:
+            if req.lead is not None:
+                # The batch ahead of ours handed us the one we are in, already
+                # on its way to disk: see it through, then pass the pipeline on.
+                lead, req.lead = req.lead, None
+                handed = False
+                try:
+                    with trio.CancelScope(shield=True):
+                        handed = await self._finish_submitted(*lead)
+                finally:
+                    if not handed:
+                        self._release_pipeline()
+            elif not self._writing:
                 self._writing = True
-                inline = False
+                inline = handed = False
                 try:
                     batch = self._take_batch()
                     if batch and self._can_apply_inline(sum(len(r.mutations) for r in batch)):
@@ -307,11 +324,10 @@ class Engine:
                         await self._write_one_batch(batch, inline=True)
                     elif batch:
                         with trio.CancelScope(shield=True):
-                            await self._write_one_batch(batch)
+                            handed = await self._write_one_batch(batch)
                 finally:
-                    self._writing = False
-                    if self._pending:  # hand the pipeline to the next waiter
-                        _wake(self._pending[0])
+                    if not handed:
+                        self._release_pipeline()
                 if inline and self._checkpoint_after_inline:
                     # a schedule point, so a loop of inline commits still lets I/O in
                     await trio.lowlevel.cancel_shielded_checkpoint()
@@ -320,6 +336,11 @@ class Engine:
                 await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
         if req.error is not None:
             raise req.error
+
+    def _release_pipeline(self) -> None:
+        self._writing = False
+        if self._pending:  # hand the pipeline to the next waiter
+            _wake(self._pending[0])
 
     def _take_batch(self) -> list[CommitRequest]:
         n = size = 0
@@ -399,14 +420,21 @@ class Engine:
             req.done = True
             _wake(req)
 
-    async def _write_one_batch(self, batch: list[CommitRequest], inline: bool = False) -> None:
+    async def _write_one_batch(self, batch: list[CommitRequest], inline: bool = False) -> bool:
         """Resolve, apply and answer ``batch``.
 
         ``inline``: the store writes it synchronously (``apply_sync``), so
         this coroutine never suspends and nothing can cancel it half-way;
-        otherwise the caller shields it while ``store.apply`` waits.
+        otherwise the caller shields it while the store writes. Returns True
+        if it handed the pipeline on to a waiter of the next batch (see
+        ``_finish_submitted``).
         """
         version, accepted, mutations = self._resolve(batch)
+        if not inline and self._submit is not None:
+            job = self._start(batch, version, accepted, mutations)
+            if job is None:
+                return False
+            return await self._finish_submitted(batch, version, accepted, mutations, job)
         try:
             failures = {}
             if accepted:
@@ -426,8 +454,76 @@ class Engine:
             self._fail(batch, version, exc)
             if not isinstance(exc, Exception):
                 raise
-            return
+            return False
         self._deliver(batch, version, failures)
+        return False
+
+    def _start(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
+               mutations: list[Mutation]) -> Any:
+        """Hand a resolved batch to the store's thread; None if it is already answered."""
+        if not accepted:
+            self._deliver(batch, version, {})
+            return None
+        try:
+            if self.closed:  # the store is closed (its writer thread gone): nothing would ever answer
+                raise KVError(2000, "database is closed")
+            self.hooks.before_apply(version, accepted)
+            job = self._submit(version, mutations)
+        except BaseException as exc:
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        self._applying_version = version
+        return job
+
+    async def _finish_submitted(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
+                                mutations: list[Mutation], job: Any) -> bool:
+        """Wait for a submitted batch, then hand on the next one before answering this one.
+
+        Why: the commits that arrived while this batch was on disk are the
+        next batch. Resolving it and giving it to the writer thread here, as
+        soon as this one is durable and before this batch's tasks are woken,
+        keeps the disk busy; otherwise it idled while the loop ran this
+        batch's woken tasks before the next leader got its turn. Versions
+        stay in order: this batch is booked (``_applied``, which publishes
+        it in the store) before the next one is resolved and submitted.
+
+        Returns True if a waiter of the next batch now owns the pipeline.
+        """
+        try:
+            await job.wait()
+        except BaseException as exc:
+            self._applying_version = None
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return False
+        self._applying_version = None
+        try:
+            failures = self._applied(version, accepted, mutations)
+        except BaseException as exc:  # a fault hook: the batch is durable, nobody hears
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return False
+        lead = None
+        while self._pending and lead is None and not self.closed:
+            nbatch = self._take_batch()
+            nversion, naccepted, nmutations = self._resolve(nbatch)
+            njob = self._start(nbatch, nversion, naccepted, nmutations)
+            if njob is not None:
+                lead = (nbatch, nversion, naccepted, nmutations, njob)
+                self.stats["chained_batches"] += 1
+        self._deliver(batch, version, failures)
+        if lead is None:
+            return False
+        # Every request of the next batch is a parked waiter (or already
+        # woken and not yet run): its first one sees the batch through.
+        waiter = lead[0][0]
+        waiter.lead = lead
+        _wake(waiter)
+        return True
 
     # -- watches ----------------------------------------------------------
 

@@ -195,8 +195,50 @@ class _LmdbSnapshot:
             self._store._release(base, self.version)
 
 
+class _Job:
+    """One append handed to the writer thread: its outcome, and who waits for it.
+
+    Submitting and waiting are separate so the engine can hand the next
+    batch to the thread the moment the previous one is durable, and let a
+    task of that next batch do the waiting (see ``Engine._finish_submitted``).
+    ``then(result)`` runs on the loop when the waiter hears the outcome (the
+    store publishes the batch there); ``undo(error)`` if the append failed.
+    """
+
+    __slots__ = ("done", "result", "error", "task", "then", "undo")
+
+    def __init__(self, then=None, undo=None) -> None:
+        self.done = False
+        self.result = None
+        self.error: BaseException | None = None
+        self.task = None  # the parked waiter, if any
+        self.then = then
+        self.undo = undo
+
+    def _deliver(self, result, error) -> None:
+        self.result, self.error, self.done = result, error, True
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    async def wait(self):
+        if not self.done:
+            self.task = trio.lowlevel.current_task()
+            # Not abortable: the write is under way and its outcome must be heard
+            # (commits are shielded above this anyway).
+            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        if self.error is not None:
+            error = self.undo(self.error) if self.undo is not None else self.error
+            if error is self.error:
+                raise error
+            raise error from self.error
+        if self.then is not None:
+            self.then(self.result)
+        return self.result
+
+
 class _WriterThread:
-    """One long-lived thread that runs the log's appends (write + ``fdatasync``).
+    """One long-lived thread that runs the log's appends (write + ``fdatasync``), in order.
 
     Why not ``trio.to_thread.run_sync``: a commit is one thread round trip,
     and a dedicated thread parked on a queue answers in about half the time
@@ -211,36 +253,25 @@ class _WriterThread:
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
+            item = self._jobs.get()
+            if item is None:
                 return
-            fn, args, token, deliver = job
+            fn, args, token, job = item
             try:
                 result, error = fn(*args), None
             except BaseException as exc:  # delivered to the awaiting task
                 result, error = None, exc
             try:
-                token.run_sync_soon(deliver, result, error)
+                token.run_sync_soon(job._deliver, result, error)
             except trio.RunFinishedError:
                 pass
 
+    def submit(self, job: _Job, fn, *args) -> _Job:
+        self._jobs.put((fn, args, trio.lowlevel.current_trio_token(), job))
+        return job
+
     async def call(self, fn, *args):
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
-        box: list = []
-
-        def deliver(result, error) -> None:
-            box.append((result, error))
-            trio.lowlevel.reschedule(task)
-
-        self._jobs.put((fn, args, token, deliver))
-        # Not abortable: the write is under way and its outcome must be heard
-        # (commits are shielded above this anyway).
-        await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-        result, error = box[0]
-        if error is not None:
-            raise error
-        return result
+        return await self.submit(_Job(), fn, *args).wait()
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -496,13 +527,25 @@ class LmdbStore:
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
         """Stage on the loop, log on the writer thread (the loop runs meanwhile), then publish."""
+        await self.submit(version, mutations).wait()
+
+    def submit(self, version: int, mutations: list[Mutation]) -> _Job:
+        """Stage the batch now and start its append on the writer thread;
+        ``await job.wait()`` hears the outcome and publishes it (or unstages it).
+
+        The engine submits the next batch only after this one's wait returned
+        (see ``Engine._finish_submitted``), so batches publish in version order.
+        """
         record, touched = self._stage(version, mutations)
-        try:
-            sealed = await self._writer.call(self._append, record)
-        except BaseException as exc:
+
+        def then(sealed: bool) -> None:
+            self._publish(version, touched, len(record), sealed)
+
+        def undo(exc: BaseException) -> BaseException:
             self._unstage(version, touched)
-            raise self._broke(exc) from exc
-        self._publish(version, touched, len(record), sealed)
+            return self._broke(exc)
+
+        return self._writer.submit(_Job(then, undo), self._append, record)
 
     def _stage(self, version: int, mutations: list[Mutation]) -> tuple[bytes, list[bytes]]:
         """Put the batch's effects into the overlay at ``version`` (not yet visible)

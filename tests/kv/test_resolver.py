@@ -65,3 +65,29 @@ def test_a_burst_is_forgotten_a_budget_at_a_time():
     assert not r.conflicts([(b"k00000", b"k99999")], 1)  # version 1 writes are gone, nothing newer there
     r.forget_before(3)
     assert len(r) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(st.tuples(_commit, st.integers(0, 30), st.lists(st.tuples(st.lists(_ranges, max_size=2),
+                                                                             st.lists(_keys, max_size=2),
+                                                                             st.integers(0, 30)), max_size=2)),
+                   min_size=1, max_size=30),
+    budget=st.integers(1, 4),
+)
+def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets(steps, budget):
+    """Range checks index the keys written since the last one; keys written,
+    forgotten and written again around those checks must still be found
+    exactly when the model finds them."""
+    r = Resolver()
+    history = []
+    floor = 0
+    for i, ((points, ranges), new_floor, probes) in enumerate(steps, start=1):
+        r.add(i, [(b, e) for b, e in ranges], points)
+        history.append((i, points, ranges))
+        floor = max(floor, min(new_floor, i))
+        r.forget_before(floor, budget=budget)
+        for read_ranges, read_points, rv in probes:
+            rv = max(rv, floor)
+            read_ranges = [(b, e) for b, e in read_ranges if b < e]
+            assert r.conflicts(read_ranges, rv, read_points) == _model_conflicts(history, read_ranges, read_points, rv)

@@ -118,14 +118,13 @@ class _Base:
 class _LmdbSnapshot:
     """A transaction's view at ``version``: the overlay over a base."""
 
-    __slots__ = ("_store", "_base", "_hist", "_keys", "version")
+    __slots__ = ("_store", "_base", "_hist", "version")
 
     def __init__(self, store: "LmdbStore", base: _Base, version: int) -> None:
         assert base.version <= version, (base.version, version)
         self._store = store
         self._base = base
         self._hist = store._hist
-        self._keys = store._keys
         base.refs += 1
         self.version = version
 
@@ -146,7 +145,10 @@ class _LmdbSnapshot:
     def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
         if begin >= end:
             return []
-        keys = self._keys.irange(begin, end, inclusive=(True, False), reverse=reverse)
+        store = self._store
+        if store._unindexed:
+            store._index()
+        keys = store._keys.irange(begin, end, inclusive=(True, False), reverse=reverse)
         first = next(keys, None)
         if first is None:  # nothing in the overlay here: the base alone
             return layout.read_range(self._base.txn, begin, end, reverse, limit)
@@ -315,7 +317,12 @@ class LmdbStore:
         # every overlay entry cost 50-100 ms steps with 50,000 keys (measured); lists are
         # always tracked. Reads index both alike; writes turn a 1-tuple into a list.
         self._hist: dict[bytes, tuple | list[tuple[int, bytes | None]]] = {}
+        # The overlay's keys in order, for range reads; keys first written since the last range
+        # read wait in _unindexed (a set insert is a tenth of a sorted one, and write-only
+        # traffic, a submit or a blind write, never pays for the order). A key is in exactly
+        # one of the two while it has an overlay entry.
         self._keys: SortedList = SortedList()
+        self._unindexed: set[bytes] = set()
         self._recent: deque[tuple[int, list[bytes]]] = deque()  # (version, keys it touched), oldest first
         self._base = _Base(self.env)
         self._old_bases: list[_Base] = []  # superseded bases some snapshot still reads
@@ -453,7 +460,7 @@ class LmdbStore:
         hist = self._hist.get(key)
         if hist is None:
             self._hist[key] = ((version, value),)
-            self._keys.add(key)
+            self._unindexed.add(key)
             return
         entries = list(hist)
         i = len(entries)
@@ -492,7 +499,7 @@ class LmdbStore:
                     i += 1
                 if i == len(hist):
                     del hists[k]
-                    keys.remove(k)
+                    self._forget_key(k)
                 elif i:
                     del hist[:i]  # a list: a 1-tuple is either all <= floor or all above
 
@@ -557,7 +564,7 @@ class LmdbStore:
         touched: list[bytes] = []
         effects: list = []
         dead: list[tuple[int, bytes]] = []  # tombstones this batch writes (purged later, see _purge_dead)
-        hists, keys = self._hist, self._keys
+        hists, unindexed = self._hist, self._unindexed
         try:
             for m in mutations:
                 kind = m[0]
@@ -566,7 +573,7 @@ class LmdbStore:
                     hist = hists.get(key)
                     if hist is None:
                         hists[key] = ((version, value),)
-                        keys.add(key)
+                        unindexed.add(key)
                     elif type(hist) is tuple:
                         hists[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
                     elif hist[-1][0] == version:
@@ -603,7 +610,7 @@ class LmdbStore:
         hist = self._hist.get(key)
         if hist is None:
             self._hist[key] = ((version, value),)
-            self._keys.add(key)
+            self._unindexed.add(key)
         elif type(hist) is tuple:
             self._hist[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
         elif hist[-1][0] == version:
@@ -624,9 +631,22 @@ class LmdbStore:
         if begin >= end:
             return []
         hists = self._hist
+        if self._unindexed:
+            self._index()
         out = [k for k in self._keys.irange(begin, end, inclusive=(True, False)) if hists[k][-1][1] is not None]
         out.extend(k for k, _ in layout.iter_range(self._base.txn.cursor(), begin, end, False) if k not in hists)
         return out
+
+    def _index(self) -> None:
+        """Bring the ordered key list up to date (before any walk over it)."""
+        self._keys.update(self._unindexed)
+        self._unindexed.clear()  # in place: _stage holds the set while a clear may index
+
+    def _forget_key(self, key: bytes) -> None:
+        if key in self._unindexed:
+            self._unindexed.discard(key)
+        else:
+            self._keys.remove(key)
 
     def _unstage(self, version: int, touched: list[bytes]) -> None:
         for key in touched:
@@ -636,13 +656,13 @@ class LmdbStore:
             if type(hist) is tuple:
                 if hist[0][0] == version:
                     del self._hist[key]
-                    self._keys.remove(key)
+                    self._forget_key(key)
                 continue
             while hist and hist[-1][0] == version:
                 hist.pop()
             if not hist:
                 del self._hist[key]
-                self._keys.remove(key)
+                self._forget_key(key)
 
     def _append(self, record: bytes) -> bool:
         started = time.perf_counter()
@@ -709,7 +729,7 @@ class LmdbStore:
             if layout.get(txn, key) is not None:
                 continue  # the base still has it: the tombstone hides it until a checkpoint
             del hists[key]
-            keys.remove(key)
+            self._forget_key(key)
             # The newest deletion's version, not this entry's: the key may have been written
             # and deleted again since, and a base between the two must not show it.
             self._purged.append((hist[-1][0], key))

@@ -72,7 +72,7 @@ class Resolver:
             else:
                 if self._new_points:
                     self._point_keys.update(self._new_points)
-                    self._new_points = set()
+                    self._new_points.clear()
                 for k in self._point_keys.irange(begin, end, inclusive=(True, False)):
                     if points[k] > read_version:
                         return True

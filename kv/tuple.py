@@ -138,7 +138,7 @@ _INT_FAST_LIMIT = (1 << 64) - 1  # fdb.tuple's _size_limits[-1]: beyond it, the 
 @functools.lru_cache(maxsize=STRING_CACHE_SIZE)
 def _str_element(v: str) -> bytes:
     b = v.encode("utf-8")
-    return b"\x02" + (b.replace(b"\x00", b"\x00\xff") if b"\x00" in b else b) + b"\x00"
+    return b"\x02" + (b.replace(b"\x00", b"\x00\xff") if 0 in b else b) + b"\x00"
 
 
 def _pack_simple(t: _tuple) -> bytes | None:
@@ -149,7 +149,7 @@ def _pack_simple(t: _tuple) -> bytes | None:
         if cls is str:
             parts.append(_str_element(v))
         elif cls is bytes:
-            parts.append(b"\x01" + (v.replace(b"\x00", b"\x00\xff") if b"\x00" in v else v) + b"\x00")
+            parts.append(b"\x01" + (v.replace(b"\x00", b"\x00\xff") if 0 in v else v) + b"\x00")
         elif cls is int:
             if v > 0:
                 if v >= _INT_FAST_LIMIT:

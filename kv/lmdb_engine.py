@@ -318,12 +318,12 @@ class LmdbStore:
         # always tracked. Reads index both alike; writes turn a 1-tuple into a list.
         self._hist: dict[bytes, tuple | list[tuple[int, bytes | None]]] = {}
         # The overlay's keys in order, for range reads; keys first written since the last range
-        # read wait in _unindexed (a set insert is a tenth of a sorted one, and write-only
+        # read wait in _unindexed (an insert there is a tenth of a sorted one, and write-only
         # traffic, a submit or a blind write, never pays for the order). A key is in exactly
         # one of the two while it has an overlay entry.
         self._keys: SortedList = SortedList()
-        self._unindexed: set[bytes] = set()
-        self._recent: deque[tuple[int, list[bytes]]] = deque()  # (version, keys it touched), oldest first
+        self._unindexed: dict[bytes, None] = {}  # a dict of None: never tracked by the collector
+        self._recent: deque[tuple[int, tuple[bytes, ...]]] = deque()  # (version, keys it touched), oldest first
         self._base = _Base(self.env)
         self._old_bases: list[_Base] = []  # superseded bases some snapshot still reads
         self._version = self._base.version
@@ -460,7 +460,7 @@ class LmdbStore:
         hist = self._hist.get(key)
         if hist is None:
             self._hist[key] = ((version, value),)
-            self._unindexed.add(key)
+            self._unindexed[key] = None
             return
         entries = list(hist)
         i = len(entries)
@@ -573,7 +573,7 @@ class LmdbStore:
                     hist = hists.get(key)
                     if hist is None:
                         hists[key] = ((version, value),)
-                        unindexed.add(key)
+                        unindexed[key] = None
                     elif type(hist) is tuple:
                         hists[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
                     elif hist[-1][0] == version:
@@ -610,7 +610,7 @@ class LmdbStore:
         hist = self._hist.get(key)
         if hist is None:
             self._hist[key] = ((version, value),)
-            self._unindexed.add(key)
+            self._unindexed[key] = None
         elif type(hist) is tuple:
             self._hist[key] = ((version, value),) if hist[0][0] == version else [hist[0], (version, value)]
         elif hist[-1][0] == version:
@@ -640,11 +640,11 @@ class LmdbStore:
     def _index(self) -> None:
         """Bring the ordered key list up to date (before any walk over it)."""
         self._keys.update(self._unindexed)
-        self._unindexed.clear()  # in place: _stage holds the set while a clear may index
+        self._unindexed.clear()  # in place: _stage holds it while a clear may index
 
     def _forget_key(self, key: bytes) -> None:
         if key in self._unindexed:
-            self._unindexed.discard(key)
+            del self._unindexed[key]
         else:
             self._keys.remove(key)
 
@@ -681,7 +681,8 @@ class LmdbStore:
 
     def _publish(self, version: int, touched: list[bytes], nbytes: int, sealed: bool) -> None:
         self._version = version
-        self._recent.append((version, touched))
+        # a tuple: untracked by the collector after one pass (a list never is)
+        self._recent.append((version, tuple(touched)))
         if self._staged_dead:
             self._dead.extend(self._staged_dead)
         stats = self.stats

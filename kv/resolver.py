@@ -11,7 +11,7 @@ Point writes (``[k, k+\\x00)``, by far the common case) live in a dict plus a
 sorted key list, so a point read checks in O(1) and a range read in
 O(log n + keys written in the range). The sorted list is brought up to date
 only when a range read is checked: keys first written since then wait in a
-set, because most commits never read a range (a sorted insert costs a few
+dict, because most commits never read a range (a sorted insert costs a few
 microseconds per key written; a set insert a tenth of that). Range writes (``clear_range``, explicit
 conflict ranges) are kept in commit order and scanned newest-first, stopping
 at the read version.
@@ -43,7 +43,10 @@ class Resolver:
     def __init__(self) -> None:
         self._points: dict[bytes, int] = {}
         self._point_keys: SortedList = SortedList()  # every key of _points not in _new_points
-        self._new_points: set[bytes] = set()  # keys of _points not yet in _point_keys
+        # keys of _points not yet in _point_keys; a dict of None, not a set: a dict holding only
+        # bytes and None is never tracked by the garbage collector, a set always is (and a full
+        # collection visits every element of a tracked container)
+        self._new_points: dict[bytes, None] = {}
         self._ranges: list[tuple[int, bytes, bytes]] = []  # (version, begin, end), ascending version
         self._history: deque[tuple[int, tuple[bytes, ...]]] = deque()  # (version, point keys written)
 
@@ -91,13 +94,13 @@ class Resolver:
         new = self._new_points
         for k in write_points:
             if k not in points:
-                new.add(k)
+                new[k] = None
             points[k] = version
             written.append(k)
         for begin, end in write_ranges:
             if is_point(begin, end):
                 if begin not in points:
-                    new.add(begin)
+                    new[begin] = None
                 points[begin] = version
                 written.append(begin)
             elif begin < end:
@@ -134,7 +137,7 @@ class Resolver:
                 if points.get(k) == version:
                     del points[k]
                     if k in new:
-                        new.discard(k)
+                        del new[k]
                     else:
                         self._point_keys.discard(k)
             dropped += len(keys)

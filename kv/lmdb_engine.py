@@ -73,6 +73,7 @@ SYNCS_PER_COMMIT = 1  # one fdatasync of the log per batch
 CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB commit (data, then meta page)
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
+SNAPSHOT_ORDER_COMPACT_AT = 10_000  # distinct snapshot versions remembered before closed ones are swept
 TRIM_BUDGET = 4_096  # overlay keys dropped per call once a checkpoint has landed
 MAX_CHECKPOINTER_STARTS = 5  # after this many starts of the helper, checkpoint in this process
 CHECKPOINTER_EXIT_SECONDS = 60.0  # close() waits this long for the helper's current pass, then kills it
@@ -421,6 +422,14 @@ class LmdbStore:
         order, counts = self._snap_order, self._snap_counts
         while order and counts[order[0]] == 0:
             del counts[order.popleft()]
+        if len(order) > SNAPSHOT_ORDER_COMPACT_AT:
+            # One snapshot left open for long holds the front: drop the closed ones behind it
+            # so the bookkeeping stays as small as the set of open versions.
+            live = deque(v for v in order if counts[v])
+            for v in order:
+                if not counts[v]:
+                    del counts[v]
+            order = self._snap_order = live
         return order[0] if order else self._version
 
     def _take_new_base(self) -> None:
@@ -688,6 +697,7 @@ class LmdbStore:
         stats = self.stats
         stats["batches"] += 1
         stats["bytes_written"] += nbytes
+        stats["overlay_keys"] = len(self._hist)
         if sealed:
             stats["segments_sealed"] += 1
             self._sealed_through = version

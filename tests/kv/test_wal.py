@@ -366,3 +366,30 @@ async def test_a_checkpointer_that_cannot_run_is_replaced_by_checkpoints_in_the_
         assert store.overlay_size() < 100
         assert len(await _all(db, b"k/", b"k0")) == 400
     assert "checkpointing in this process from now on" in caplog.text
+
+
+async def test_a_snapshot_left_open_keeps_its_reads_and_the_bookkeeping_stays_small(tmp_path, monkeypatch):
+    """One transaction kept open across many commits (each taking a snapshot
+    of its own) still reads its version, and the store's record of open
+    snapshot versions is swept instead of growing with every commit."""
+    import kv.lmdb_engine
+
+    monkeypatch.setattr(kv.lmdb_engine, "SNAPSHOT_ORDER_COMPACT_AT", 50)
+    async with _open(tmp_path / "data", checkpointer=False) as db:
+        store = db.engine.store
+        await _set(db, {b"q/0": b"first"})
+        held = db.create_transaction()
+        assert await held.get(b"q/0") == b"first"
+
+        for i in range(1, 300):
+            async def step(tr, i=i):  # guarded by the read of the previous entry
+                assert await tr.get(b"q/%d" % (i - 1)) is not None
+                tr.set(b"q/%d" % i, b"v")
+                tr.clear(b"q/%d" % (i - 1)) if i > 1 else None
+
+            await db.transact(step)
+        assert len(store._snap_order) <= 51
+        assert await held.get(b"q/0") == b"first"  # its version is still readable
+        assert await held.get(b"q/299") is None  # and nothing after it
+        assert store.stats["overlay_keys"] == store.overlay_size()
+        held.cancel()

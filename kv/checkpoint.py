@@ -24,8 +24,6 @@ from .wal import checkpoint_lock, checkpoint_pass
 
 log = logging.getLogger("kv.checkpoint")
 
-EXIT_WHEN_ORPHANED = True  # a checkpointer whose store process died exits (its stdin reaches EOF too)
-
 
 def run(path: Path) -> None:
     env = layout.open_env(path)
@@ -37,8 +35,8 @@ def run(path: Path) -> None:
                 done, applied = checkpoint_pass(env, wal_dir, include_newest=False)
             if done:
                 log.debug("checkpointed %d segment(s) of %s through version %d", done, path, applied)
-            if EXIT_WHEN_ORPHANED and os.getppid() != parent:
-                return
+            if os.getppid() != parent:
+                return  # orphaned: the store's process died (its stdin reaches EOF too)
             if not sys.stdin.buffer.read1(1):
                 return  # the store closed (or died)
     finally:

@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 __all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
 
 FORMAT = layout.FORMAT
-SYNCS_PER_COMMIT = 1  # one fdatasync of the log per batch
 CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB commit (data, then meta page)
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
@@ -272,9 +271,6 @@ class _WriterThread:
     def submit(self, job: _Job, fn, *args) -> _Job:
         self._jobs.put((fn, args, trio.lowlevel.current_trio_token(), job))
         return job
-
-    async def call(self, fn, *args):
-        return await self.submit(_Job(), fn, *args).wait()
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -537,7 +533,10 @@ class LmdbStore:
             sealed = self._append(record)
         except BaseException as exc:
             self._unstage(version, touched)
-            raise self._broke(exc) from exc
+            error = self._broke(exc)
+            if error is exc:
+                raise
+            raise error from exc
         self._publish(version, touched, len(record), sealed)
         return len(record)
 

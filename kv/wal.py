@@ -215,7 +215,8 @@ def checkpoint_pass(env: lmdb.Environment, wal_dir: Path, *, include_newest: boo
         if torn:
             if not (repair_tail and i == len(segments) - 1):
                 raise WalCorrupt(f"write-ahead log segment {path} is damaged at byte {valid} "
-                                 "(only the newest segment may end in a torn record); nothing was changed")
+                                 "(only the newest segment may end in a torn record); it and every segment "
+                                 "after it are left as they are")
             log.warning("cutting a torn record off the end of %s at byte %d (a crash mid-append)", path, valid)
         pending = [(v, e) for v, e in records if v > applied]
         if pending:

@@ -7,14 +7,22 @@ recent write ranges with their commit versions for the MVCC window and
 forgets older ones: a read version that old is ``transaction_too_old``
 anyway, so nothing older can matter.
 
-Point writes (``[k, k+\\x00)``, by far the common case) live in a dict plus a
-sorted key list, so a point read checks in O(1) and a range read in
-O(log n + keys written in the range). The sorted list is brought up to date
-only when a range read is checked: keys first written since then wait in a
-dict, because most commits never read a range (a sorted insert costs a few
-microseconds per key written; a set insert a tenth of that). Range writes (``clear_range``, explicit
-conflict ranges) are kept in commit order and scanned newest-first, stopping
-at the read version.
+Point writes (``[k, k+\\x00)``, by far the common case) live in a dict
+(key -> newest version) and in a commit-ordered history, so a point read
+checks in O(1). A range read is checked one of two ways:
+
+* when at most ``SCAN_RECENT_KEYS`` keys were written after its read version
+  (the usual case: a transaction reads, decides and commits within a batch or
+  two), by testing those keys, found newest-first in the history, against the
+  range;
+* otherwise through a sorted key list, in O(log n + keys written in the
+  range). That list is brought up to date only then: keys first written since
+  wait in a dict. A sorted insert and its later removal cost a few
+  microseconds per key written, a dict insert a tenth of that, so a store
+  whose range reads are all fresh never pays for the sorted list at all.
+
+Range writes (``clear_range``, explicit conflict ranges) are kept in commit
+order and scanned newest-first, stopping at the read version.
 """
 
 from __future__ import annotations
@@ -25,10 +33,14 @@ from typing import Iterable
 
 from sortedcontainers import SortedList
 
-__all__ = ["Resolver", "key_after", "is_point", "FORGET_BUDGET_KEYS"]
+__all__ = ["Resolver", "key_after", "is_point", "FORGET_BUDGET_KEYS", "SCAN_RECENT_KEYS"]
 
 # Point keys forgotten per commit batch at most (see Resolver.forget_before).
 FORGET_BUDGET_KEYS = 2_000
+# A range read is checked against the keys written after its read version directly
+# when there are at most this many (each test is two byte comparisons); past it, the
+# sorted key list answers in O(log n) per range.
+SCAN_RECENT_KEYS = 64
 
 
 def key_after(key: bytes) -> bytes:
@@ -40,7 +52,9 @@ def is_point(begin: bytes, end: bytes) -> bool:
 
 
 class Resolver:
-    def __init__(self) -> None:
+    def __init__(self, *, scan_recent_keys: int = SCAN_RECENT_KEYS) -> None:
+        assert scan_recent_keys >= 0
+        self.scan_recent_keys = scan_recent_keys  # tests choose 0 to exercise the sorted list
         self._points: dict[bytes, int] = {}
         self._point_keys: SortedList = SortedList()  # every key of _points not in _new_points
         # keys of _points not yet in _point_keys; a dict of None, not a set: a dict holding only
@@ -56,6 +70,8 @@ class Resolver:
         points = self._points
         ranges = self._ranges
         newest_range = ranges[-1][0] if ranges else -1
+        recent: list[bytes] | None = None  # keys written after read_version, when few
+        scan = True  # whether ``recent`` may still be found (few enough)
         for k in read_points:
             v = points.get(k)
             if v is not None and v > read_version:
@@ -73,12 +89,20 @@ class Resolver:
                 if v is not None and v > read_version:
                     return True
             else:
-                if self._new_points:
-                    self._point_keys.update(self._new_points)
-                    self._new_points.clear()
-                for k in self._point_keys.irange(begin, end, inclusive=(True, False)):
-                    if points[k] > read_version:
-                        return True
+                if scan and recent is None:
+                    recent = self._written_after(read_version)
+                    scan = recent is not None
+                if recent is not None:
+                    for k in recent:
+                        if begin <= k < end:
+                            return True
+                else:
+                    if self._new_points:
+                        self._point_keys.update(self._new_points)
+                        self._new_points.clear()
+                    for k in self._point_keys.irange(begin, end, inclusive=(True, False)):
+                        if points[k] > read_version:
+                            return True
             for i in range(len(ranges) - 1, -1, -1):
                 v, rb, re = ranges[i]
                 if v <= read_version:
@@ -86,6 +110,23 @@ class Resolver:
                 if rb < end and begin < re:
                     return True
         return False
+
+    def _written_after(self, read_version: int) -> list[bytes] | None:
+        """The point keys written at versions > ``read_version`` (repeats possible),
+        or None when there are more than ``scan_recent_keys``.
+
+        Exact: the history holds every point write in the window in commit order,
+        and forget_before only drops versions below the window, which no checked
+        read version is."""
+        out: list[bytes] = []
+        limit = self.scan_recent_keys
+        for version, keys in reversed(self._history):
+            if version <= read_version:
+                break
+            out.extend(keys)
+            if len(out) > limit:
+                return None
+        return out
 
     def add(self, version: int, write_ranges: Iterable[tuple[bytes, bytes]],
             write_points: Iterable[bytes] = ()) -> None:

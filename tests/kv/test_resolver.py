@@ -12,6 +12,9 @@ from kv.resolver import Resolver, key_after
 _keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])
 _ranges = st.tuples(_keys, _keys).map(sorted).map(tuple)
 _commit = st.tuples(st.lists(_keys, max_size=6), st.lists(_ranges, max_size=2))
+# How many recently written keys a range check may scan before it uses the sorted list:
+# 0 always uses the list, a large limit always scans, small ones switch between the two.
+_scan_limits = st.sampled_from([0, 1, 3, 8, 10_000])
 
 
 def _model_conflicts(history, read_ranges, read_points, read_version) -> bool:
@@ -35,9 +38,10 @@ def _model_conflicts(history, read_ranges, read_points, read_version) -> bool:
     floors=st.lists(st.integers(0, 30), max_size=10),
     budget=st.integers(1, 4),
     probes=st.lists(st.tuples(st.lists(_ranges, max_size=2), st.lists(_keys, max_size=2), st.integers(0, 30)), max_size=10),
+    scan=_scan_limits,
 )
-def test_conflicts_match_the_model_while_forgetting_in_small_budgets(commits, floors, budget, probes):
-    r = Resolver()
+def test_conflicts_match_the_model_while_forgetting_in_small_budgets(commits, floors, budget, probes, scan):
+    r = Resolver(scan_recent_keys=scan)
     history = []
     floor = 0
     for i, (points, ranges) in enumerate(commits, start=1):
@@ -74,12 +78,13 @@ def test_a_burst_is_forgotten_a_budget_at_a_time():
                                                                              st.integers(0, 30)), max_size=2)),
                    min_size=1, max_size=30),
     budget=st.integers(1, 4),
+    scan=_scan_limits,
 )
-def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets(steps, budget):
-    """Range checks index the keys written since the last one; keys written,
-    forgotten and written again around those checks must still be found
-    exactly when the model finds them."""
-    r = Resolver()
+def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets(steps, budget, scan):
+    """Range checks index the keys written since the last one (or scan them, when
+    few); keys written, forgotten and written again around those checks must still
+    be found exactly when the model finds them."""
+    r = Resolver(scan_recent_keys=scan)
     history = []
     floor = 0
     for i, ((points, ranges), new_floor, probes) in enumerate(steps, start=1):

@@ -84,7 +84,7 @@ class RunResult:
     virtual_seconds: float
     wall_seconds: float
     transactions: int = 0  # kv transactions created (processes and checks)
-    task_steps: int = 0  # trio task steps (counted only when asked: count_steps)
+    task_steps: int = 0  # trio task steps
 
     @property
     def ok(self) -> bool:
@@ -107,7 +107,7 @@ assert RUN_GC_GEN0_THRESHOLD > 0
 
 
 def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0,
-             on_world: Callable[[World], Any] | None = None, count_steps: bool = False) -> RunResult:
+             on_world: Callable[[World], Any] | None = None) -> RunResult:
     """One complete run: boot, drive, recover to quiescence, check.
 
     The cyclic garbage collector waits for the end of the run (see RUN_GC_GEN0_THRESHOLD): then
@@ -116,7 +116,7 @@ def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None,
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], RUN_GC_GEN0_THRESHOLD), *threshold[1:])
     try:
-        return _run_once(factory, seed, plan, trace_keep, on_world, count_steps)
+        return _run_once(factory, seed, plan, trace_keep, on_world)
     finally:  # (this run's frames are gone: its world is unreachable)
         gc.set_threshold(*threshold)
         if gc.isenabled():
@@ -124,9 +124,9 @@ def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None,
 
 
 def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace_keep: int,
-              on_world: Callable[[World], Any] | None, count_steps: bool) -> RunResult:
+              on_world: Callable[[World], Any] | None) -> RunResult:
     plan = plan or FaultPlan()
-    world = World(seed, plan, trace_keep=trace_keep, count_steps=count_steps)
+    world = World(seed, plan, trace_keep=trace_keep)
     if on_world is not None:
         on_world(world)
     scenario = factory(world)
@@ -169,17 +169,16 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
     )
 
 
-def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None,
-               count_steps: bool = False) -> Iterator[RunResult]:
+def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None) -> Iterator[RunResult]:
     """The fault-free run, then a crash before and after every write k in 1..W."""
-    base = run_once(factory, seed, count_steps=count_steps)
+    base = run_once(factory, seed)
     yield base
     if base.violations:
         return
     total = base.writes if limit is None else min(base.writes, limit)
     for k in range(1, total + 1):
         for when in ("before", "after"):
-            yield run_once(factory, seed, FaultPlan().with_crash(k, when), count_steps=count_steps)
+            yield run_once(factory, seed, FaultPlan().with_crash(k, when))
 
 
 def random_runs(factories: list[ScenarioFactory], seed: int, runs: int) -> Iterator[RunResult]:

@@ -51,7 +51,7 @@ class Summary:
     cpu_seconds: float = 0.0  # process CPU time: the rate on a shared (loaded) machine
     commits: int = 0
     transactions: int = 0
-    task_steps: int = 0  # counted only with count_steps
+    task_steps: int = 0
     failures: list[Failure] = field(default_factory=list)
     by_scenario: dict[str, int] = field(default_factory=dict)
     budget_exhausted: bool = False
@@ -102,27 +102,26 @@ class Summary:
             # deterministic cost per run (same arguments, same figures; CPU time on a shared machine is not)
             "kv_transactions_per_run": round(self.transactions / self.runs, 1) if self.runs else 0.0,
             "writes_applied_per_run": round(self.commits / self.runs, 1) if self.runs else 0.0,
-            **({"task_steps_per_run": round(self.task_steps / self.runs, 1)} if self.task_steps else {}),
+            "task_steps_per_run": round(self.task_steps / self.runs, 1) if self.runs else 0.0,
             "trace": self.trace,
         }
 
 
 def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
-              plan: FaultPlan | None = None,
-              count_steps: bool = False) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
+              plan: FaultPlan | None = None) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
     """Yield the session's work lazily (exhaustive iterators first, then random seeds)."""
     scen = all_scenarios()
     if plan is not None:  # an exact replay
         for n in names:
-            yield lambda n=n: run_once(scen[n], seed, plan, count_steps=count_steps)
+            yield lambda n=n: run_once(scen[n], seed, plan)
         return
     if exhaustive_mode:
         for n in names:
-            yield (n, exhaustive(scen[n], seed, count_steps=count_steps))
+            yield (n, exhaustive(scen[n], seed))
     for i in range(runs):
         s = seed + i
         n = names[i % len(names)]
-        yield lambda n=n, s=s: run_once(scen[n], s, random_plan(s), count_steps=count_steps)
+        yield lambda n=n, s=s: run_once(scen[n], s, random_plan(s))
 
 
 def shrink(result: RunResult) -> RunResult | None:
@@ -141,10 +140,8 @@ def shrink(result: RunResult) -> RunResult | None:
 def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, runs: int = 0,
                 time_budget: float | None = None, plan: FaultPlan | None = None,
                 on_result: Callable[[RunResult], None] | None = None, max_failures: int = 5,
-                quiet: bool = True, count_steps: bool = False) -> Summary:
-    """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary.
-
-    ``count_steps``: also count trio task steps (a trio instrument: ~1% more CPU)."""
+                quiet: bool = True) -> Summary:
+    """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary."""
     summary = Summary(seed=seed)
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -152,8 +149,7 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     if quiet:
         logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
     try:
-        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan,
-                              count_steps=count_steps):
+        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan):
             it: Iterator[RunResult] = work[1] if isinstance(work, tuple) else iter([work()])
             for r in it:
                 summary.add(r)

@@ -7,8 +7,8 @@ recovery to quiescence, every invariant checked) per CPU-second and per wall-sec
 the target of >= 100 cycles/s on one core (judged per CPU-second) was met.  Beside the rates, the
 deterministic cost of a cycle (the same on every machine, for the same code and seed): kv
 transactions, writes applied and trio task steps per cycle — on a shared machine the CPU figures
-swing by +-15% between identical runs, these do not.  (Counting task steps is a trio instrument:
-~1% of the CPU figure.)
+swing by +-15% between identical runs, these do not.  (Task steps are counted by the scheduler's
+seeded PRNG, sim.world._SchedulerRandom: free.)
 
     python tests/bench/bench_sim.py [--random-runs N] [--seed S]
 """
@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--random-runs", type=int, default=100)
     a = ap.parse_args()
     names = sorted(all_scenarios())
-    ex = run_session(names, a.seed, exhaustive_mode=True, count_steps=True)
-    rnd = run_session(names, a.seed, runs=a.random_runs, count_steps=True)
+    ex = run_session(names, a.seed, exhaustive_mode=True)
+    rnd = run_session(names, a.seed, runs=a.random_runs)
     cycles = ex.runs + rnd.runs
     fig = {
         "bench": "sim",

@@ -72,13 +72,31 @@ def test_a_run_frees_its_world_when_it_ends_and_restores_the_collector():
 
 def test_a_runs_cost_figures_are_deterministic():
     """Transactions and task steps per run (the bench's deterministic cost figures): same seed, same
-    counts; task steps only when asked (a trio instrument), transactions always."""
-    a = run_once(SCENARIOS["tool"], 5, random_plan(5), count_steps=True)
-    b = run_once(SCENARIOS["tool"], 5, random_plan(5), count_steps=True)
-    c = run_once(SCENARIOS["tool"], 5, random_plan(5))
-    assert (a.transactions, a.task_steps) == (b.transactions, b.task_steps)
+    counts."""
+    a = run_once(SCENARIOS["tool"], 5, random_plan(5))
+    b = run_once(SCENARIOS["tool"], 5, random_plan(5))
+    assert (a.transactions, a.task_steps, a.trace) == (b.transactions, b.task_steps, b.trace)
     assert a.task_steps > a.transactions > a.commits > 0
-    assert c.transactions == a.transactions and c.task_steps == 0 and c.trace == a.trace
+
+
+@pytest.mark.parametrize("name", ["tool", "cancel", "two-runtimes"])
+def test_task_steps_counted_by_the_scheduler_prng_are_the_steps_trio_takes(monkeypatch, name):
+    """The task-step figure (summed batch sizes of the scheduler's seeded shuffle) equals what a
+    trio Instrument's before_task_step counts, and counting that way leaves the trace alone."""
+    import sim.world
+
+    plain = run_once(SCENARIOS[name], 7, random_plan(7))
+    seen = {"steps": 0}
+
+    class Count(trio.abc.Instrument):
+        def before_task_step(self, task):
+            seen["steps"] += 1
+
+    real_run = trio.run
+    monkeypatch.setattr(sim.world.trio, "run", lambda *a, **kw: real_run(*a, instruments=[Count()], **kw))
+    counted = run_once(SCENARIOS[name], 7, random_plan(7))
+    assert seen["steps"] == counted.task_steps == plain.task_steps > 0
+    assert counted.trace == plain.trace
 
 
 def test_buggify_enables_a_quarter_of_sites_and_fires_a_quarter_of_the_time():

@@ -67,84 +67,88 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
 
     world = sc.world
     expect = checker.expect
-    async with Runtime.open(db=checker.db, workers=0, clock=SimClock(world)) as rt:
-        # ---- promise 1: submissions
-        for sub, runs in sorted(sc.acks.items()):
-            expect(len(runs) == 1, "submission_idempotent", 1, f"submission {sub} was acknowledged as runs {sorted(runs)}")
-        for sub, n in sorted(sc.conflict_accepted.items()):
-            expect(False, "submission_conflict", 1, f"submission {sub} with a different request was {n}")
-        runs_by_conv: dict[str, list[Any]] = {}
-        for conv in sc.conversations:
-            runs_by_conv[conv] = await rt.runs(conv)
-            subs = {t.submission_id for t in sc.turns if t.conversation == conv and t.submission_id in sc.acks}
-            expect(len(runs_by_conv[conv]) == len(subs), "no_phantom_runs", 1,
-                   f"{conv}: {len(runs_by_conv[conv])} runs for {len(subs)} submissions")
-        infos = {i.run_id: i for runs in runs_by_conv.values() for i in runs}
-        events_of: dict[str, list[Any]] = {}  # conversation -> its whole journal (read once)
+    # A Runtime that is only read through: no claim loops, journal trimmer or lease keeper to start
+    # and stop (Runtime.open with workers=0 started and cancelled those on every check).
+    rt = Runtime(checker.db, clock=SimClock(world))
+    # ---- promise 1: submissions
+    for sub, runs in sorted(sc.acks.items()):
+        expect(len(runs) == 1, "submission_idempotent", 1, f"submission {sub} was acknowledged as runs {sorted(runs)}")
+    for sub, n in sorted(sc.conflict_accepted.items()):
+        expect(False, "submission_conflict", 1, f"submission {sub} with a different request was {n}")
+    runs_by_conv: dict[str, list[Any]] = {}
+    for conv in sc.conversations:
+        runs_by_conv[conv] = await rt.runs(conv)
+        subs = {t.submission_id for t in sc.turns if t.conversation == conv and t.submission_id in sc.acks}
+        expect(len(runs_by_conv[conv]) == len(subs), "no_phantom_runs", 1,
+               f"{conv}: {len(runs_by_conv[conv])} runs for {len(subs)} submissions")
+    infos = {i.run_id: i for runs in runs_by_conv.values() for i in runs}
+    events_of: dict[str, list[Any]] = {}  # conversation -> its whole journal (read once)
 
-        async def journal_of(conv: str) -> list[Any]:
-            if conv not in events_of:
-                events_of[conv] = await _all_events(rt, conv)
-            return events_of[conv]
+    async def journal_of(conv: str) -> list[Any]:
+        if conv not in events_of:
+            events_of[conv] = await _all_events(rt, conv)
+        return events_of[conv]
 
-        for sub, run_id in sorted(sc.run_of.items()):
-            info = infos.get(run_id) or await rt.get_run(run_id)
-            expect(info.status in ("completed", "failed", "cancelled"), "every_ack_settles", 1,
-                   f"run {run_id} of submission {sub} ended {info.status}")
-            expect(info.attempt <= sc.max_attempts, "attempts_bounded", 4, f"run {run_id} reached attempt {info.attempt}")
-            err = (info.outcome or {}).get("error") or {}
-            if err.get("type") == "retry_exhausted":
-                expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
-            turn = next((t for t in sc.turns if t.submission_id == sub), None)
-            ceiling = ((turn.limits or {}) if turn is not None else {}).get("max_total_tokens")
-            if ceiling is not None:
-                used = sum(int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))
-                           for e in await journal_of(info.conversation)
-                           if e.type == "usage.updated" and (e.data or {}).get("run_id") == run_id
-                           for u in [(e.data or {}).get("usage") or {}])
-                expect(used <= ceiling, "usage_within_ceiling", 10,
-                       f"run {run_id} recorded {used} tokens past its ceiling of {ceiling}")
-            if turn is not None and turn.expect_error and not world.plan.buggify:
-                expect(info.status == "failed" and err.get("type") == turn.expect_error, "attempts_bounded", 4,
-                       f"run {run_id} ended {info.status} ({err.get('type')}), want failed {turn.expect_error}")
-            # ---- promise 7
-            before = sc.cancel_acked.get(run_id)
-            if before is not None and before not in ("completed", "failed", "cancelled"):
-                expect(info.status == "cancelled", "cancel_is_durable", 7,
-                       f"run {run_id} was {before} when its cancel was acknowledged, but ended {info.status}")
+    for sub, run_id in sorted(sc.run_of.items()):
+        info = infos.get(run_id) or await rt.get_run(run_id)
+        expect(info.status in ("completed", "failed", "cancelled"), "every_ack_settles", 1,
+               f"run {run_id} of submission {sub} ended {info.status}")
+        expect(info.attempt <= sc.max_attempts, "attempts_bounded", 4, f"run {run_id} reached attempt {info.attempt}")
+        err = (info.outcome or {}).get("error") or {}
+        if err.get("type") == "retry_exhausted":
+            expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
+        turn = next((t for t in sc.turns if t.submission_id == sub), None)
+        ceiling = ((turn.limits or {}) if turn is not None else {}).get("max_total_tokens")
+        if ceiling is not None:
+            used = sum(int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))
+                       for e in await journal_of(info.conversation)
+                       if e.type == "usage.updated" and (e.data or {}).get("run_id") == run_id
+                       for u in [(e.data or {}).get("usage") or {}])
+            expect(used <= ceiling, "usage_within_ceiling", 10,
+                   f"run {run_id} recorded {used} tokens past its ceiling of {ceiling}")
+        if turn is not None and turn.expect_error and not world.plan.buggify:
+            expect(info.status == "failed" and err.get("type") == turn.expect_error, "attempts_bounded", 4,
+                   f"run {run_id} ended {info.status} ({err.get('type')}), want failed {turn.expect_error}")
+        # ---- promise 7
+        before = sc.cancel_acked.get(run_id)
+        if before is not None and before not in ("completed", "failed", "cancelled"):
+            expect(info.status == "cancelled", "cancel_is_durable", 7,
+                   f"run {run_id} was {before} when its cancel was acknowledged, but ended {info.status}")
 
-        # ---- promise 5: the settle write came from the run's latest lease (fencing token)
-        ledger = getattr(rt.store, "ledger", None)
-        read_run = getattr(ledger, "_run", None)  # private record: the token that settled vs the latest claim
-        if read_run is not None:
-            run_ids = sorted(sc.run_of.values())
+    # ---- promise 5: the settle write came from the run's latest lease (fencing token)
+    ledger = getattr(rt.store, "ledger", None)
+    read_run = getattr(ledger, "_run", None)  # private record: the token that settled vs the latest claim
+    if read_run is not None:
+        run_ids = sorted(sc.run_of.values())
 
-            async def read_all(tr: Any) -> list[dict[str, Any]]:  # read-only
-                return [await read_run(tr, run_id) for run_id in run_ids]
+        async def read_all(tr: Any) -> list[dict[str, Any]]:  # read-only
+            return [await read_run(tr, run_id) for run_id in run_ids]
 
-            for run_id, rec in zip(run_ids, await checker.db.transact(read_all)):
-                tok, claims = rec.get("settled_token"), rec.get("claims")
-                if tok is not None and claims is not None:
-                    expect(tok == claims, "no_stale_lease_writes", 5,
-                           f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
+        for run_id, rec in zip(run_ids, await checker.db.transact(read_all)):
+            tok, claims = rec.get("settled_token"), rec.get("claims")
+            if tok is not None and claims is not None:
+                expect(tok == claims, "no_stale_lease_writes", 5,
+                       f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
 
-        # ---- promise 3: effects counted outside the process
-        for key, n in sorted(world.effects.items()):
-            expect(n <= 1, "tool_at_most_once", 3, f"tool call {key} executed {n} times")
+    # ---- promise 3: effects counted outside the process
+    for key, n in sorted(world.effects.items()):
+        expect(n <= 1, "tool_at_most_once", 3, f"tool call {key} executed {n} times")
 
-        for conv in sc.conversations:
-            msgs = await rt.transcript(conv)
-            events = await journal_of(conv)
-            _check_transcript(checker, conv, msgs, world.effects)
-            _check_journal(checker, conv, events, sc.followed.get(conv))
-            trimmed = sc.journal_retention is not None  # older events may be gone: check what is retained
-            _check_runs_in_journal(checker, conv, events, trimmed)
-            _check_journal_matches_state(checker, conv, events, runs_by_conv.get(conv, []), trimmed)
+    transcripts: dict[str, list[dict[str, Any]]] = {}  # conversation -> its transcript (read once)
+    for conv in sc.conversations:
+        msgs = transcripts[conv] = await rt.transcript(conv)
+        events = await journal_of(conv)
+        _check_transcript(checker, conv, msgs, world.effects)
+        _check_journal(checker, conv, events, sc.followed.get(conv))
+        trimmed = sc.journal_retention is not None  # older events may be gone: check what is retained
+        _check_runs_in_journal(checker, conv, events, trimmed)
+        _check_journal_matches_state(checker, conv, events, runs_by_conv.get(conv, []), trimmed)
 
-        # ---- fork
-        for parent, fork, at in sc.forks:
-            p, f = await rt.transcript(parent), await rt.transcript(fork)
-            expect(_strip(f[:at]) == _strip(p[:at]), "fork_is_prefix", 2, f"fork {fork} does not start with {parent}[:{at}]")
+    # ---- fork
+    for parent, fork, at in sc.forks:
+        p = transcripts[parent] if parent in transcripts else await rt.transcript(parent)
+        f = transcripts[fork] if fork in transcripts else await rt.transcript(fork)
+        expect(_strip(f[:at]) == _strip(p[:at]), "fork_is_prefix", 2, f"fork {fork} does not start with {parent}[:{at}]")
 
 
 async def _all_events(rt: Runtime, conv: str) -> list[Any]:

@@ -95,6 +95,18 @@ class Claim:
     prepared: Any = None
 
 
+def _take_claim(lease: L.Lease) -> Claim | None:
+    """The Claim the claiming transaction's hook left in ``lease.prepared`` (None if none),
+    taken out of it: the claim holds the lease, so leaving it there made every run's claim,
+    lease and prepared state (its transcript included) a reference cycle, garbage only the
+    cyclic collector frees (and, with runs in flight, promotes first)."""
+    claim = lease.prepared
+    if not isinstance(claim, Claim):
+        return None
+    lease.prepared = None
+    return claim
+
+
 class _PrepareFailed(Exception):
     """Internal: a claim's ``prepare`` hook failed; the claim is made again without it."""
 
@@ -239,8 +251,9 @@ class Store:
                               duplicate=not ack.created, outcome=ack.outcome)
         if lease is None:
             return out, None
-        if isinstance(lease.prepared, Claim):
-            return out, lease.prepared
+        claim = _take_claim(lease)
+        if claim is not None:
+            return out, claim
         # A retry that found its own committed claim: the hook's result is not at hand.
         return out, self._claim_of(lease, delivery_s, schema_s)
 
@@ -278,8 +291,9 @@ class Store:
             lease = await self.ledger.claim(worker, self.lease_seconds, finalize_exhausted=True, on_claimed=on_claimed_plain(self))
         if lease is None:
             return None
-        if isinstance(lease.prepared, Claim):
-            return lease.prepared
+        claim = _take_claim(lease)
+        if claim is not None:
+            return claim
         # A retry that found its own committed claim: the hook's result is not at hand.
         delivery, schema = await self.ledger.get_request(lease.run_id)
         return self._claim_of(lease, delivery, schema)

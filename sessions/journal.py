@@ -238,6 +238,10 @@ class Journal:
         self._known: set[tuple[str, str]] = set()
         self._appends: dict[tuple[str, str], tuple[bytes, bytes, bytes]] = {}  # see _append_keys
         self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
+        # Those of _grown past the slack, noted as they cross it: the trimmer takes them from
+        # here instead of scanning every conversation _grown tracks (up to
+        # MAX_TRACKED_CONVERSATIONS, each second) to find the few that are due.
+        self._due: set[tuple[str, str]] = set()
         self._grown_event = trio.Event()
         self._recent: set[tuple[str, str]] = set()    # trimmed since the last sweep
 
@@ -298,6 +302,7 @@ class Journal:
         tr.add(emitted, _ADD_ONE if len(values) == 1 else pack_i64(len(values)))
         self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
         if self.retention and n >= self.trim_slack:
+            self._due.add(ck)
             self._grown_event.set()
         return out
 
@@ -564,17 +569,23 @@ class Journal:
         ``MAX_TRACKED_CONVERSATIONS``; past that a sweep trims them all and forgets."""
         if not self.retention:
             self._grown.clear()
+            self._due.clear()
             return 0
-        due = {ck for ck, n in self._grown.items() if n >= self.trim_slack}
+        due, self._due = self._due, set()
         if sweep:
             due |= self._recent
             self._recent = set()
             if len(self._grown) > MAX_TRACKED_CONVERSATIONS:
                 due |= set(self._grown)
         total = 0
-        for tag, conv in sorted(due):
+        order = sorted(due)
+        for i, (tag, conv) in enumerate(order):
             self._grown.pop((tag, conv), None)
-            n = await self.trim(tag, conv)
+            try:
+                n = await self.trim(tag, conv)
+            except BaseException:
+                self._due.update(order[i:])  # not trimmed: the next pass tries them again
+                raise
             total += n
             if n or not sweep:
                 self._recent.add((tag, conv))

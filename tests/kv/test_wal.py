@@ -311,7 +311,7 @@ async def test_a_key_created_and_deleted_between_checkpoints_stays_deleted(tmp_p
             tr.clear(b"q/1")
 
         await db.transact(take)
-        assert b"q/1" not in store._hist  # purged: nothing open can read it, the tree lacks it
+        assert b"q/1" not in store._top_ver  # purged: nothing open can read it, the tree lacks it
         with checkpoint_lock(path):
             checkpoint_pass(store.env, path / "wal", include_newest=False)  # segment 1 only
         store._checkpoint_due = True

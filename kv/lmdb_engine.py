@@ -135,9 +135,9 @@ class _LmdbSnapshot:
                 return self._top_val[key]
             older = self._older.get(key)
             if older is not None:
-                for ver, val in reversed(older):
-                    if ver <= self.version:
-                        return val
+                for i in range(len(older) - 2, -1, -2):
+                    if older[i] <= self.version:
+                        return older[i + 1]
             # every overlay entry is newer than this snapshot: the base has the key's value
         if len(key) <= layout.SHORT:  # the hot path, inline
             return self._base.txn.get(layout.PREFIX + key)
@@ -179,9 +179,9 @@ class _LmdbSnapshot:
                 val = base_value
                 older = olders.get(k)
                 if older is not None:
-                    for ver, old in reversed(older):
-                        if ver <= v:
-                            val = old
+                    for i in range(len(older) - 2, -1, -2):
+                        if older[i] <= v:
+                            val = older[i + 1]
                             break
             if val is not None:
                 append((k, val))
@@ -312,18 +312,19 @@ class LmdbStore:
             raise
         self._log_lock = threading.Lock()  # the writer thread and an inline write never overlap, but seal() may
         # The overlay: each key's entries (version, value or None for a deletion) since the
-        # base. The newest is split over two dicts of atoms, the older ones (kept while a
-        # snapshot may read them, until a checkpoint) are a list, oldest first, for the few
-        # keys written more than once. Why not one dict of tuples: a new tuple is tracked by
-        # the garbage collector, so every overlay entry counted toward the next collection,
-        # and each collection walked every commit still in flight (at 64 submitters: a
-        # collection per ~40 submissions, 1.2 ms each, ~16% of the CPU, measured). Ints and
-        # bytes in a dict are never tracked. Invariant: _top_ver and _top_val have the same
-        # keys, _older's keys are among them, and every entry in _older[k] is older than
-        # _top_ver[k].
+        # base. The newest is split over two dicts of atoms; the older ones (kept while a
+        # snapshot may read them, until a checkpoint), for the keys written more than once,
+        # are one flat list per key, [version, value, version, value, ...], oldest first.
+        # Why not (version, value) tuples: a new tuple is tracked by the garbage collector,
+        # so every overlay entry counted toward the next collection, and each collection
+        # walked every commit still in flight (at 64 submitters: a collection per ~40
+        # submissions, 1.2 ms each, ~16% of the CPU, measured). Ints and bytes are never
+        # tracked, in a dict or appended to a list. Invariant: _top_ver and _top_val have
+        # the same keys, _older's keys are among them, and every version in _older[k] is
+        # below _top_ver[k].
         self._top_ver: dict[bytes, int] = {}
         self._top_val: dict[bytes, bytes | None] = {}
-        self._older: dict[bytes, list[tuple[int, bytes | None]]] = {}
+        self._older: dict[bytes, list[int | bytes | None]] = {}
         # The overlay's keys in order, for range reads; keys first written since the last range
         # read wait in _unindexed (an insert there is a tenth of a sorted one, and write-only
         # traffic, a submit or a blind write, never pays for the order). A key is in exactly
@@ -482,16 +483,16 @@ class LmdbStore:
             return  # already there
         older = self._older.setdefault(key, [])
         if top < version:
-            older.append((top, self._top_val[key]))
+            older += (top, self._top_val[key])
             self._top_ver[key] = version
             self._top_val[key] = value
             return
         i = len(older)
-        while i and older[i - 1][0] > version:
-            i -= 1
-        if i and older[i - 1][0] == version:
+        while i and older[i - 2] > version:
+            i -= 2
+        if i and older[i - 2] == version:
             return  # already there
-        older.insert(i, (version, value))
+        older[i:i] = (version, value)
 
     def _release(self, base: _Base, version: int) -> None:
         if self._closed:
@@ -522,8 +523,8 @@ class LmdbStore:
                 older = olders.get(k)
                 if older is not None:
                     i = 0
-                    while i < len(older) and older[i][0] <= floor:
-                        i += 1
+                    while i < len(older) and older[i] <= floor:
+                        i += 2
                     if i == len(older):
                         del olders[k]
                     elif i:
@@ -605,9 +606,10 @@ class LmdbStore:
                     elif top != version:
                         older = olders.get(key)
                         if older is None:
-                            olders[key] = [(top, top_val[key])]
+                            olders[key] = [top, top_val[key]]
                         else:
-                            older.append((top, top_val[key]))
+                            older.append(top)
+                            older.append(top_val[key])
                     top_ver[key] = version
                     top_val[key] = value
                     touched.append(key)
@@ -643,9 +645,10 @@ class LmdbStore:
         elif top != version:
             older = self._older.get(key)
             if older is None:
-                self._older[key] = [(top, self._top_val[key])]
+                self._older[key] = [top, self._top_val[key]]
             else:
-                older.append((top, self._top_val[key]))
+                older.append(top)
+                older.append(self._top_val[key])
         self._top_ver[key] = version
         self._top_val[key] = value
         touched.append(key)
@@ -694,7 +697,8 @@ class LmdbStore:
             if older is None:
                 self._drop_key(key)
                 continue
-            self._top_ver[key], self._top_val[key] = older.pop()
+            self._top_val[key] = older.pop()
+            self._top_ver[key] = older.pop()
             if not older:
                 del self._older[key]
 

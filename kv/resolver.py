@@ -62,7 +62,13 @@ class Resolver:
         # collection visits every element of a tracked container)
         self._new_points: dict[bytes, None] = {}
         self._ranges: list[tuple[int, bytes, bytes]] = []  # (version, begin, end), ascending version
-        self._history: deque[tuple[int, tuple[bytes, ...]]] = deque()  # (version, point keys written)
+        # The point keys each commit wrote, in commit order: versions and keys in two deques
+        # (a commit of one key stores the key itself, of several a tuple of them), so that a
+        # single-key commit allocates nothing the garbage collector tracks, and a larger one
+        # a single tuple (every tracked allocation brings the next collection nearer, and
+        # each collection walks all the commits in flight).
+        self._history_versions: deque[int] = deque()
+        self._history_keys: deque[bytes | tuple[bytes, ...]] = deque()
 
     def conflicts(self, read_ranges: Iterable[tuple[bytes, bytes]], read_version: int,
                   read_points: Iterable[bytes] = ()) -> bool:
@@ -120,10 +126,15 @@ class Resolver:
         read version is."""
         out: list[bytes] = []
         limit = self.scan_recent_keys
-        for version, keys in reversed(self._history):
-            if version <= read_version:
+        versions, keys = self._history_versions, self._history_keys
+        for i in range(len(versions) - 1, -1, -1):
+            if versions[i] <= read_version:
                 break
-            out.extend(keys)
+            written = keys[i]
+            if type(written) is bytes:
+                out.append(written)
+            else:
+                out.extend(written)
             if len(out) > limit:
                 return None
         return out
@@ -150,7 +161,8 @@ class Resolver:
             # A tuple of bytes, not a list: the garbage collector stops tracking
             # it after one pass, and the window can hold ~10^5 of these (a
             # full collection walking them all stalled a commit ~50 ms).
-            self._history.append((version, tuple(written)))
+            self._history_versions.append(version)
+            self._history_keys.append(written[0] if len(written) == 1 else tuple(written))
 
     def forget_before(self, oldest_version: int, budget: int = FORGET_BUDGET_KEYS) -> None:
         """Drop writes at versions < ``oldest_version`` (outside the MVCC window).
@@ -164,15 +176,18 @@ class Resolver:
         be newer than one.
         """
         points = self._points
-        history = self._history
+        versions, history = self._history_versions, self._history_keys
         dropped = 0
-        while history and history[0][0] < oldest_version and dropped < budget:
-            version, keys = history[0]
+        while versions and versions[0] < oldest_version and dropped < budget:
+            version, keys = versions[0], history[0]
+            if type(keys) is bytes:
+                keys = (keys,)
             take = budget - dropped
             if len(keys) <= take:
+                versions.popleft()
                 history.popleft()
             else:  # a huge commit: forget part of it now, the rest later
-                keys, history[0] = keys[:take], (version, keys[take:])
+                keys, history[0] = keys[:take], keys[take:]
             new = self._new_points
             for k in keys:
                 if points.get(k) == version:

@@ -36,11 +36,13 @@ from trio._core import _run as _trio_run  # private: the scheduler's PRNG and de
 
 import kv
 
-# The two private names the deterministic scheduler relies on (pyproject pins trio>=0.25,<0.33).
+# The private names the deterministic scheduler relies on (pyproject pins trio>=0.25,<0.33).
 if not (isinstance(getattr(_trio_run, "_r", None), random.Random)
         and hasattr(_trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")
+        and isinstance(getattr(_trio_run, "TheIOManager", None), type)
 ):  # pragma: no cover - a trio outside the pin
-    raise ImportError(f"sim needs trio's _core._run._r and _ALLOW_DETERMINISTIC_SCHEDULING (trio {trio.__version__})")
+    raise ImportError(f"sim needs trio's _core._run._r, _ALLOW_DETERMINISTIC_SCHEDULING and TheIOManager "
+                      f"(trio {trio.__version__})")
 
 from .faults import Buggify, Crash, FaultPlan, SimHooks
 from .oracle import Oracle, RecordingDatabase
@@ -103,7 +105,8 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
     would raise it at once) — deterministic either way.
     """
     saved = (os.urandom, random.Random.seed, time.time, time.monotonic,
-             _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r, os.getpid, trio.sleep)
+             _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r, os.getpid, trio.sleep,
+             _trio_run.TheIOManager)
     scheduler = _SchedulerRandom(world.seed)  # (the same sequence as trio's _r seeded with world.seed)
     orig_seed = random.Random.seed
     orig_sleep = trio.sleep
@@ -137,6 +140,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
     _trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
     _trio_run._r = scheduler
     trio.sleep = sleep  # type: ignore[assignment]
+    _trio_run.TheIOManager = _SimIOManager  # type: ignore[misc]
     try:
         yield
     finally:
@@ -145,7 +149,33 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
         _trio_run._r = saved[5]
         os.getpid = saved[6]
         trio.sleep = saved[7]  # type: ignore[assignment]
+        _trio_run.TheIOManager = saved[8]  # type: ignore[misc]
         world.stats["task_steps"] += scheduler.steps
+
+
+class _SimIOManager(_trio_run.TheIOManager):  # type: ignore[misc,valid-type]
+    """trio's I/O manager, polled only when something can be ready.
+
+    trio polls its I/O manager once per scheduler tick (~160 ticks a run).  In
+    the simulated world nothing does real I/O: the only file descriptor
+    registered is the wake-up socket of trio's entry queue (``run_sync_soon``:
+    an async generator's finalizer, a KeyboardInterrupt), and the world's clock
+    always asks for a zero timeout (it jumps virtual time instead of waiting).
+    So the poll (a syscall, ~2 us with its Python around it) is made only
+    when the entry queue holds work — then the socket is readable and the
+    same poll as before wakes the queue's task in the same tick — or when a
+    wait is asked for (never here; real waits behave as before).
+    """
+
+    _entry: Any = None
+
+    def get_events(self, timeout: float) -> Any:
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = _trio_run.GLOBAL_RUN_CONTEXT.runner.entry_queue
+        if timeout or entry.queue or entry.idempotent_queue:
+            return super().get_events(timeout)
+        return ()
 
 
 class _SchedulerRandom(random.Random):

@@ -49,11 +49,35 @@ def test_determinism_across_processes_and_hash_seeds():
 
 
 def test_process_globals_are_restored_after_a_run():
-    saved = (os.urandom, time.time, time.monotonic, random.Random.seed, trio_run._ALLOW_DETERMINISTIC_SCHEDULING)
+    def state():
+        return (os.urandom, time.time, time.monotonic, random.Random.seed, trio_run._ALLOW_DETERMINISTIC_SCHEDULING,
+                trio.sleep, trio_run._r, trio_run._r.getstate(), trio_run.TheIOManager)
+
+    saved = state()
     run_once(OutboxScenario, 3, random_plan(3))
-    assert (os.urandom, time.time, time.monotonic, random.Random.seed,
-            trio_run._ALLOW_DETERMINISTIC_SCHEDULING) == saved
+    assert state() == saved
     assert len({os.urandom(8) for _ in range(3)}) == 3
+
+
+def test_trios_entry_queue_still_runs_in_the_world():
+    """run_sync_soon (an async generator's finalizer, a signal) still wakes the run at once: the world's
+    I/O manager skips the per-tick poll only while the entry queue is empty."""
+    from sim.world import World
+
+    seen = []
+
+    async def main(world):
+        done = trio.Event()
+        trio.lowlevel.current_trio_token().run_sync_soon(done.set)
+        for ticks in range(1, 100):  # (scheduler ticks, not waits: the clock stands still meanwhile)
+            await trio.lowlevel.checkpoint()
+            if done.is_set():
+                seen.append((ticks, trio.current_time()))
+                return
+
+    w = World(1)
+    w.run(main)
+    assert seen and seen[0][0] <= 2 and seen[0][1] == 0.0 and not w.violations
 
 
 def test_a_run_frees_its_world_when_it_ends_and_restores_the_collector():

@@ -206,7 +206,8 @@ class Runner:
         self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
-        self._nursery: trio.Nursery | None = None  # while executing (hosts a slow call's flusher)
+        self._scope: trio.CancelScope | None = None  # while executing: the drive's (see _lost_lease)
+        self._host: trio.Nursery | None = None  # while executing: hosts a slow call's flusher
         self.last_renew = trio.current_time()  # the lease was written (claimed) just now: see LeaseKeeper
         self._txn_cancel = False  # the cancel record as read by the current commit attempt
         self._new_token = rt.store.new_token
@@ -225,15 +226,27 @@ class Runner:
     async def execute(self) -> None:
         """Drive the run; returns when it settled, parked, or was lost (all logged).
 
-        Nothing escapes the service nursery but bugs: the drive's expected
-        endings are handled inside it (trio wraps anything leaving a nursery
-        in an ExceptionGroup).  The lease is renewed, and the cancel record
-        polled, by the runtime's :class:`LeaseKeeper` (one task for all the
-        runs a process drives, not a task per run); the nursery here hosts
-        only a slow model call's part flusher (see :meth:`_model_step`).
+        Nothing escapes but bugs and a shutdown's cancellation: the drive's
+        expected endings are handled here.  The lease is renewed, and the
+        cancel record polled, by the runtime's :class:`LeaseKeeper` (one task
+        for all the runs a process drives, not a task per run).  A slow model
+        call's part flusher (see :meth:`_model_step`) runs in the runtime's
+        nursery and is joined by the step that started it, so a run needs only
+        a cancel scope of its own (for :meth:`_lost_lease`), not a nursery: a
+        nursery's open and close cost about four cancel scopes, per run.  A
+        runtime constructed without :meth:`Runtime.open` has no nursery: the
+        run then opens one to host it.
         """
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+        host = self.rt._nursery
+        if host is None:
+            async with trio.open_nursery() as nursery:
+                await self._execute(nursery)
+        else:
+            await self._execute(host)
+
+    async def _execute(self, host: trio.Nursery) -> None:
+        with trio.CancelScope() as scope:
+            self._scope, self._host = scope, host
             self.rt._active[self.run_id] = self
             self.rt._keeper.added()
             try:
@@ -259,9 +272,7 @@ class Runner:
             finally:
                 if self.rt._active.get(self.run_id) is self:
                     del self.rt._active[self.run_id]
-                self._nursery = None
-                if nursery.child_tasks:  # (a step joins its flusher: normally none is left to stop)
-                    nursery.cancel_scope.cancel()
+                self._scope = self._host = None
         if self._lease_lost:
             log.warning("run %s: lease lost during renewal; stopped", self.run_id)
 
@@ -276,8 +287,8 @@ class Runner:
     def _lost_lease(self) -> None:
         """The keeper found the lease taken over: stop driving (the next write would fail anyway)."""
         self._lease_lost = True
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
 
     def _note_cancel(self) -> None:
         if not self.cancel_event.is_set():
@@ -616,7 +627,7 @@ class Runner:
         error: ProviderError | None = None
         flush_error: list[BaseException] = []
         started_at = trio.current_time()
-        # A slow answer's periodic flusher, started in the runner's nursery on its first flush
+        # A slow answer's periodic flusher, started in the runtime's nursery on its first flush
         # and joined below before this step goes on (a fast answer starts none, and the call
         # needs no nursery of its own): (its cancel scope, set when it has finished).
         flusher: tuple[trio.CancelScope, trio.Event] | None = None
@@ -636,10 +647,10 @@ class Runner:
                     await self._flush(coalescer)
                     if flusher is None:
                         flusher = (trio.CancelScope(), trio.Event())
-                        assert self._nursery is not None
+                        assert self._host is not None
                         if self._lock is None:  # (not inside a commit here: made before it can matter)
                             self._lock = trio.Lock()
-                        self._nursery.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
+                        self._host.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
                 elif coalescer.urgent:
                     await self._flush(coalescer)
 
@@ -687,7 +698,8 @@ class Runner:
                        own_scope: trio.CancelScope, done: trio.Event) -> None:
         """Flush streamed parts every FLUSH_INTERVAL until ``own_scope`` is cancelled; a failed
         flush stops the call (``scope``) and is re-raised by the model step. Runs in the
-        runner's nursery: anything it raises goes to ``errors``, never into that nursery."""
+        nursery hosting the run (the runtime's; see :meth:`execute`) and is joined by the step:
+        anything it raises goes to ``errors``, never into that nursery."""
         try:
             with own_scope:
                 while True:

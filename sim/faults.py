@@ -89,11 +89,19 @@ class Buggify:
         return on and self.rng.random() < fire
 
 
+_KIND_BYTES = {"set": b"set", "clear": b"clear"}
+
+
 def digest_mutations(mutations: list[Any]) -> str:
     """A short hash of a commit's mutations for the trace: every part, each followed by a NUL."""
     parts: list[bytes] = []
     append = parts.append
+    extend = parts.extend
     for m in mutations:
+        kind = _KIND_BYTES.get(m[0])  # set/clear of bytes (most mutations): their parts as they are
+        if kind is not None and len(m) == 3 and type(m[1]) is bytes and type(m[2]) is bytes:
+            extend((kind, m[1], m[2]))
+            continue
         for part in m:
             t = type(part)
             if t is bytes:  # (exact types first: the common cases, without isinstance)

@@ -270,14 +270,22 @@ class VirtualClock(trio.abc.Clock):
 
     async def sleep(self, seconds: float) -> None:
         """``trio.sleep(seconds)`` (a checkpoint; cancellable), for ``seconds > 0``."""
-        deadline = self._now + seconds
-        if deadline <= self._now:  # too small to move the clock: trio.sleep's scope would expire at once
+        now = self._now
+        deadline = now + seconds
+        if deadline <= now:  # too small to move the clock: trio.sleep's scope would expire at once
             await trio.lowlevel.checkpoint()
             return
-        cell: list[Any] = [trio.lowlevel.current_task()]
-        heapq.heappush(self._sleepers, (deadline, self._seq, cell))
-        self._seq += 1
-        await trio.lowlevel.wait_task_rescheduled(_abort_sleep(cell))
+        cell: list[Any] = [_current_task()]
+        seq = self._seq
+        self._seq = seq + 1
+        _heappush(self._sleepers, (deadline, seq, cell))
+        await _wait_task_rescheduled(_abort_sleep(cell))
+
+
+# (bound once: VirtualClock.sleep runs ~100 times a run)
+_current_task = trio.lowlevel.current_task
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_heappush = heapq.heappush
 
 
 class Trace:
@@ -291,8 +299,7 @@ class Trace:
 
     def add(self, *parts: Any) -> None:
         line = "|".join([p.hex() if isinstance(p, (bytes, bytearray)) else str(p) for p in parts])
-        self._h.update(line.encode())
-        self._h.update(b"\n")
+        self._h.update((line + "\n").encode())  # (one update: the same bytes hashed)
         self.count += 1
         if self.keep:
             self.tail.append(line)
@@ -310,6 +317,7 @@ class Process:
         self.world = world
         self.name = name
         self.incarnation = incarnation
+        self.label = f"{name}#{incarnation}"  # (in every trace line the process writes: built once)
         self.db = RecordingDatabase(world.engine.engine, self)
         self.dead = False
         self.clogged_until = 0.0  # kv requests wait until then (a partition: the stale-worker fault)
@@ -318,10 +326,6 @@ class Process:
         self.ready = trio.Event()
         self.stopped = trio.Event()
         self._scopes: set[trio.CancelScope] = set()
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}#{self.incarnation}"
 
     def kill(self, why: str) -> None:
         """The process dies here: everything it runs, and every client call into it, is cancelled."""

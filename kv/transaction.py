@@ -69,7 +69,14 @@ class KeyValue(tuple):
 
 
 class TransactionOptions:
-    """FoundationDB-style options; timeout/retry_limit/max_retry_delay survive on_error."""
+    """FoundationDB-style options; timeout/retry_limit/max_retry_delay survive on_error.
+
+    Stateless (the settings live on the transaction), so ``tr.options`` makes a new one
+    each time rather than caching it: a cached view pointing back at its transaction
+    is a reference cycle, and a transaction in a cycle is freed only by the garbage
+    collector, never by reference counting."""
+
+    __slots__ = ("_tr",)
 
     def __init__(self, tr: "Transaction") -> None:
         self._tr = tr
@@ -175,7 +182,12 @@ class RangeResult:
 
 
 class _SnapshotView:
-    """``tr.snapshot``: the same reads at the same read version, adding no read conflicts."""
+    """``tr.snapshot``: the same reads at the same read version, adding no read conflicts.
+
+    Stateless, and made anew by each ``tr.snapshot`` (see :class:`TransactionOptions`
+    for why it is not cached)."""
+
+    __slots__ = ("_tr",)
 
     def __init__(self, tr: "Transaction") -> None:
         self._tr = tr
@@ -230,13 +242,13 @@ def _strinc(prefix: bytes) -> bytes:
 class Transaction:
     """One FoundationDB-semantics transaction on the embedded engine.
 
-    Slotted, with ``options`` and ``snapshot`` made on first use: one is
+    Slotted (``options`` and ``snapshot`` are stateless views made per use): one is
     built per attempt of every transaction, so its construction is on
     every hot path.
     """
 
     __slots__ = (
-        "db", "_engine", "_options", "_snapshot_view", "_timeout", "_retry_limit", "_max_retry_delay",
+        "db", "_engine", "_timeout", "_retry_limit", "_max_retry_delay",
         "_size_limit", "_started", "_backoff", "_retries", "_snap", "_read_version", "_writes",
         "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
@@ -247,8 +259,6 @@ class Transaction:
     def __init__(self, db: "Database") -> None:
         self.db = db
         self._engine = db._engine
-        self._options: TransactionOptions | None = None
-        self._snapshot_view: _SnapshotView | None = None
         self._timeout: float | None = None
         self._retry_limit: int = -1
         self._max_retry_delay: float = DEFAULT_MAX_RETRY_DELAY
@@ -263,18 +273,12 @@ class Transaction:
     @property
     def options(self) -> TransactionOptions:
         """FoundationDB-style options (timeout, retry limit, ...)."""
-        opts = self._options
-        if opts is None:
-            opts = self._options = TransactionOptions(self)
-        return opts
+        return TransactionOptions(self)
 
     @property
     def snapshot(self) -> "_SnapshotView":
         """``tr.snapshot``: the same reads at the same read version, adding no read conflicts."""
-        view = self._snapshot_view
-        if view is None:
-            view = self._snapshot_view = _SnapshotView(self)
-        return view
+        return _SnapshotView(self)
 
     # -- state ------------------------------------------------------------
 

@@ -822,6 +822,14 @@ class Runner:
         cut = choose_cut(self.messages, self.agent.keep_recent)
         assert cut is not None
         request = summary_request(self.messages, cut)
+        # The summariser is a model call like any other: it is reserved against the run's
+        # ceilings first (unreserved, its usage could carry the run past a ceiling).
+        refusal = await self.store.reserve(
+            self.claim, estimate_context_tokens(COMPACTION_SYSTEM, request), self.agent.max_tokens or 0
+        ) if self.claim.limits else None
+        if refusal is not None:
+            await self._fail({"type": "usage_limit", "message": refusal, "during": "compaction"})
+            return
         try:
             summary_msg = await call_model(
                 self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],

@@ -232,6 +232,31 @@ async def test_threshold_compaction(rt):
     assert M.text_of(seen[-1][0]).startswith(SUMMARY_PREFIX)
 
 
+async def test_a_compaction_past_the_usage_ceiling_is_refused_before_the_summariser_runs(rt):
+    """The summariser is a model call: reserved against the run's ceiling like the others, so
+    its usage can never carry the run past it (found by the simulator: a threshold compaction
+    ran unreserved and the run recorded 307 tokens against a ceiling of 300)."""
+    summaries = []
+
+    def script(messages, tools):
+        if messages and "Summarise this conversation" in M.text_of(messages[-1]):
+            summaries.append(messages)
+            return "short summary"
+        return "ok " + "x" * 200
+
+    agent = Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2)
+    for i in range(2):  # a transcript long enough that the next model step compacts first
+        assert (await rt.run(agent, "c11b", f"question {i} " + "y" * 100)).ok
+    summaries.clear()
+    ceiling = 120  # room for the run's own turn, not for summarising the history first
+    out = await rt.run(agent, "c11b", "one more", limits={"max_total_tokens": ceiling})
+    assert out.status == "failed" and out.error["type"] == "usage_limit", out
+    assert out.error.get("during") == "compaction"
+    assert summaries == []  # refused before the call, not after it
+    used = await rt.store.ledger.usage.totals(out.run_id)
+    assert used.get("total_tokens", 0) <= ceiling
+
+
 async def test_approval_parks_then_approve_resumes(rt):
     effects = []
 

@@ -474,19 +474,12 @@ class LmdbStore:
     def _insert_entry(self, key: bytes, version: int, value: bytes | None) -> None:
         """An overlay entry at ``version``, in version order among the key's others."""
         top = self._top_ver.get(key)
-        if top is None:
-            self._top_ver[key] = version
-            self._top_val[key] = value
-            self._unindexed[key] = None
+        if top is None or top < version:
+            self._put(version, key, value, [])  # the newest: as a write puts it
             return
         if top == version:
             return  # already there
         older = self._older.setdefault(key, [])
-        if top < version:
-            older += (top, self._top_val[key])
-            self._top_ver[key] = version
-            self._top_val[key] = value
-            return
         i = len(older)
         while i and older[i - 2] > version:
             i -= 2

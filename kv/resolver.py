@@ -41,6 +41,7 @@ FORGET_BUDGET_KEYS = 2_000
 # when there are at most this many (each test is two byte comparisons); past it, the
 # sorted key list answers in O(log n) per range.
 SCAN_RECENT_KEYS = 64
+_UNKNOWN = object()  # conflicts(): the recent keys not looked up yet
 
 
 def key_after(key: bytes) -> bytes:
@@ -76,8 +77,7 @@ class Resolver:
         points = self._points
         ranges = self._ranges
         newest_range = ranges[-1][0] if ranges else -1
-        recent: list[bytes] | None = None  # keys written after read_version, when few
-        scan = True  # whether ``recent`` may still be found (few enough)
+        recent: list[bytes] | None | object = _UNKNOWN  # keys written after read_version (None: too many)
         for k in read_points:
             v = points.get(k)
             if v is not None and v > read_version:
@@ -95,11 +95,10 @@ class Resolver:
                 if v is not None and v > read_version:
                     return True
             else:
-                if scan and recent is None:
+                if recent is _UNKNOWN:
                     recent = self._written_after(read_version)
-                    scan = recent is not None
                 if recent is not None:
-                    for k in recent:
+                    for k in recent:  # type: ignore[union-attr]
                         if begin <= k < end:
                             return True
                 else:
@@ -157,10 +156,7 @@ class Resolver:
                 written.append(begin)
             elif begin < end:
                 self._ranges.append((version, begin, end))
-        if written:
-            # A tuple of bytes, not a list: the garbage collector stops tracking
-            # it after one pass, and the window can hold ~10^5 of these (a
-            # full collection walking them all stalled a commit ~50 ms).
+        if written:  # (see __init__ for why a key alone, not a 1-tuple)
             self._history_versions.append(version)
             self._history_keys.append(written[0] if len(written) == 1 else tuple(written))
 

@@ -109,9 +109,8 @@ class LedgerKeyspace:
     def conversation_state(self, tag: str, conv: str) -> bytes:
         return self._owned(tag) + _CS + pack_str(conv)
 
-    @lru_cache(maxsize=_CACHE)
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
-        return fastpack(self._owned(tag) + _Q + pack_str(conv), (seq,))
+        return self._queue_prefixes(tag, conv)[0] + fastpack(b"", (seq,))
 
     @lru_cache(maxsize=_CACHE)
     def _queue_prefixes(self, tag: str, conv: str) -> tuple[bytes, bytes]:
@@ -130,9 +129,8 @@ class LedgerKeyspace:
     def fifo_range(self, tag: str, conv: str) -> slice:
         return self.base.range(("o", tag, "q", conv))
 
-    @lru_cache(maxsize=_CACHE)
     def history(self, tag: str, conv: str, seq: int) -> bytes:
-        return fastpack(self._owned(tag) + _H + pack_str(conv), (seq,))
+        return self._queue_prefixes(tag, conv)[1] + fastpack(b"", (seq,))
 
     @lru_cache(maxsize=_CACHE)
     def history_range(self, tag: str, conv: str) -> slice:

@@ -615,13 +615,7 @@ class Runner:
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         if agent.hooks is not None and agent.hooks.before_model_call is not None:
             await Hooks.call(agent.hooks.before_model_call, info)
-        # The pre-flight reserve: only a run with usage ceilings needs the estimate and the read.
-        refusal = await self.store.reserve(
-            self.claim, estimate_context_tokens(info.system, info.messages), agent.max_tokens or 0
-        ) if self.claim.limits else None
-        if refusal is not None:
-            await self._fail({"type": "usage_limit", "message": refusal})
-            return
+        await self._reserve(info.system, info.messages)
         coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
         msg: dict[str, Any] | None = None
         error: ProviderError | None = None
@@ -818,18 +812,25 @@ class Runner:
             return {**L.completed(value), "text": text}, None
         return {**L.completed(text), "text": text}, None
 
+    async def _reserve(self, system: str, messages: list[dict[str, Any]], *, during: str | None = None) -> None:
+        """The pre-flight reserve of a model call against the run's usage ceilings: a refusal
+        fails the run (``_fail`` raises RunStopped). Only a run with ceilings needs the
+        estimate and the read."""
+        if not self.claim.limits:
+            return
+        refusal = await self.store.reserve(self.claim, estimate_context_tokens(system, messages),
+                                           self.agent.max_tokens or 0)
+        if refusal is not None:
+            await self._fail({"type": "usage_limit", "message": refusal,
+                              **({"during": during} if during is not None else {})})
+
     async def _compact(self, reason: str) -> None:
         cut = choose_cut(self.messages, self.agent.keep_recent)
         assert cut is not None
         request = summary_request(self.messages, cut)
-        # The summariser is a model call like any other: it is reserved against the run's
-        # ceilings first (unreserved, its usage could carry the run past a ceiling).
-        refusal = await self.store.reserve(
-            self.claim, estimate_context_tokens(COMPACTION_SYSTEM, request), self.agent.max_tokens or 0
-        ) if self.claim.limits else None
-        if refusal is not None:
-            await self._fail({"type": "usage_limit", "message": refusal, "during": "compaction"})
-            return
+        # The summariser is a model call like any other (unreserved, its usage could carry
+        # the run past a ceiling).
+        await self._reserve(COMPACTION_SYSTEM, request, during="compaction")
         try:
             summary_msg = await call_model(
                 self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],

@@ -585,7 +585,8 @@ class LmdbStore:
                                 f"({self._broken!r}); close and reopen the database")
         assert version > self._version, (version, self._version)
         touched: list[bytes] = []
-        effects: list = []
+        effects: list = []  # flat (see wal.py): one CBOR array, not one per effect
+        push = effects.append
         dead: list[tuple[int, bytes]] = []  # tombstones this batch writes (purged later, see _purge_dead)
         top_ver, top_val, olders, unindexed = self._top_ver, self._top_val, self._older, self._unindexed
         try:
@@ -606,24 +607,31 @@ class LmdbStore:
                     top_ver[key] = version
                     top_val[key] = value
                     touched.append(key)
-                    effects.append((layout.SET, key, value))
+                    push(layout.SET)
+                    push(key)
+                    push(value)
                 elif kind == "clear":
                     begin, end = m[1], m[2]
                     for key in self._visible_keys(begin, end):
                         self._put(version, key, None, touched)
                         dead.append((version, key))
-                    effects.append((layout.CLEAR, begin, end))
+                    push(layout.CLEAR)
+                    push(begin)
+                    push(end)
                 else:  # ("atomic", op, key, param)
                     _, op, key, param = m
                     old = self._latest(key)
                     new = apply_atomic(op, old, param)
                     if new is not None:
                         self._put(version, key, new, touched)
-                        effects.append((layout.SET, key, new))
+                        push(layout.SET)
+                        push(key)
+                        push(new)
                     elif old is not None:
                         self._put(version, key, None, touched)
                         dead.append((version, key))
-                        effects.append((layout.DELETE, key))
+                        push(layout.DELETE)
+                        push(key)
             record = wal.encode_record(version, effects)
         except BaseException:
             self._unstage(version, touched)

@@ -70,15 +70,29 @@ def read_applied(txn: lmdb.Transaction) -> int:
 
 
 def apply_effects(txn: lmdb.Transaction, effects: list) -> None:
-    """Apply one logged batch's effects, in order, in ``txn``."""
-    for e in effects:
-        kind = e[0]
+    """Apply one logged batch's effects, in order, in ``txn``.
+
+    ``effects`` is flat (``SET, key, value, DELETE, key, CLEAR, begin, end,
+    ...``; see wal.py). Logs written before 2026-11-29 hold one list per
+    effect (``[[SET, key, value], ...]``) and are still read: a flat record
+    starts with an int, an old one with a list.
+    """
+    if effects and type(effects[0]) is list:
+        effects = [x for e in effects for x in e]
+    i, n = 0, len(effects)
+    while i < n:
+        kind = effects[i]
         if kind == SET:
-            put(txn, e[1], e[2])
+            put(txn, effects[i + 1], effects[i + 2])
+            i += 3
         elif kind == DELETE:
-            delete(txn, e[1])
+            delete(txn, effects[i + 1])
+            i += 2
+        elif kind == CLEAR:
+            clear(txn, effects[i + 1], effects[i + 2])
+            i += 3
         else:
-            clear(txn, e[1], e[2])
+            raise ValueError(f"unknown effect {kind!r} at {i} in a logged batch")
 
 
 def expand(key: bytes, value: bytes, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:

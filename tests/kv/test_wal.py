@@ -93,6 +93,43 @@ async def test_a_torn_record_at_the_end_of_the_log_is_cut_off(tmp_path, caplog):
         assert (await _all(db))[b"after"] == b"ok"
 
 
+async def test_a_log_written_before_flat_records_still_replays(tmp_path):
+    """Records nest one array per effect in logs written before 2026-11-29
+    (now they are flat); a crash left such a log: reopening replays both kinds,
+    in order, sets, deletes and range clears alike."""
+    from kv import lmdb_layout as layout
+    from kv.wal import encode_record
+
+    path = tmp_path / "data"
+    _crash_after_commits(path, 10)  # flat records, versions below the ones appended here
+    _, newest = list_segments(path / "wal")[-1]
+    base = 1 << 52  # above every version the child committed (versions are clock-based)
+    with open(newest, "ab") as f:
+        f.write(encode_record(base + 1, [[layout.SET, b"old/a", b"1"], [layout.SET, b"old/b", b"2"],
+                                         [layout.DELETE, b"c/0001"], [layout.CLEAR, b"c/0005", b"c/0007"]]))
+        f.write(encode_record(base + 2, [layout.SET, b"old/c", b"3", layout.DELETE, b"old/a"]))
+        f.flush()
+        os.fsync(f.fileno())
+    async with _open(path) as db:
+        expect = {b"c/%04d" % i: b"v%d" % i for i in range(10) if i not in (1, 5, 6)}
+        assert await _all(db, b"c/", b"c0") == expect
+        assert await _all(db, b"old/", b"old0") == {b"old/b": b"2", b"old/c": b"3"}
+        tr = db.create_transaction()
+        tr.set(b"after", b"ok")
+        await tr.commit()
+        assert tr.get_committed_version() > base + 2  # versions carry on above the log's
+
+
+async def test_an_unknown_effect_in_a_logged_batch_is_refused(tmp_path):
+    from kv import lmdb_layout as layout
+
+    env = lmdb.open(str(tmp_path / "t"), map_size=1 << 20)
+    with pytest.raises(ValueError, match="unknown effect 7 at 3"):
+        with env.begin(write=True) as txn:
+            layout.apply_effects(txn, [layout.SET, b"k", b"v", 7, b"x"])
+    env.close()
+
+
 async def test_a_damaged_sealed_segment_is_refused_naming_it_and_nothing_changes(tmp_path):
     path = tmp_path / "data"
     _crash_after_commits(path, 5)  # segment 1 holds five batches

@@ -22,7 +22,7 @@ missing one.
 Records: ``Outcome(run_id, status, result, text, error)`` (status completed |
 failed | cancelled; ``error`` is ``{"type", "message", ...}`` — types include
 transient, overflow, permanent, stream_broken, usage_limit, result_schema,
-max_model_calls, retry_exhausted, cancelled); ``RunInfo(run_id, conversation,
+max_model_calls, retry_exhausted, missing_price, cancelled); ``RunInfo(run_id, conversation,
 status, attempt, agent, submission_id, created, outcome, pending_approvals,
 cancel_requested)`` (status queued | running | parked | completed | failed |
 cancelled).
@@ -40,6 +40,9 @@ Building blocks:
   ``anthropic:MODEL``, ``openai:MODEL@BASE_URL``), :class:`ScriptedModel`,
   :class:`EchoModel`
 * :class:`RetryPolicy` and the provider error classes of :mod:`loop.errors`
+* :class:`Price` / :func:`cost_micros` (:mod:`loop.pricing`): ``Runtime(pricing={model: Price(...)})``
+  prices model calls, so ``limits={"max_cost_micros": n}`` is enforced (``MissingPrice`` for an
+  unpriced model)
 * :func:`call_model` — one model call with retries applied
 """
 
@@ -48,6 +51,7 @@ from .calls import Clock, RetryNotice, call_model
 from .errors import (
     ContextOverflowError,
     LoopError,
+    MissingPrice,
     ModelSpecError,
     PermanentProviderError,
     ProviderError,
@@ -59,6 +63,7 @@ from .providers import EchoModel, ScriptedModel, make_provider, parse_model_spec
 from ledger import ConversationBusy, SubmissionConflict
 from sessions.errors import CursorBehind
 
+from .pricing import FREE, Price, cost_micros
 from .retry import RetryPolicy
 from .runtime import Acknowledgement, NotFound, Outcome, RunInfo, Runtime
 from .store import ApprovalError
@@ -96,4 +101,8 @@ __all__ = [
     "StreamBrokenError",
     "ToolSchemaError",
     "ModelSpecError",
+    "MissingPrice",
+    "Price",
+    "FREE",
+    "cost_micros",
 ]

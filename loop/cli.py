@@ -371,6 +371,20 @@ def _short_message(m: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _usage_text(u: dict[str, int]) -> str:
+    """A run's tokens, and its cost beside them when its model was priced (``cost_micros``:
+    micro-units of the currency the runtime's prices are in)."""
+    if not u.get("total_tokens") and not u.get("cost_micros"):
+        return ""
+    text = f"  tokens {u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out"
+    cache = u.get("cache_read_tokens", 0) + u.get("cache_write_tokens", 0)
+    if cache:
+        text += f" / {cache} cache"
+    if "cost_micros" in u:
+        text += f"  cost {u['cost_micros']} micros ({u['cost_micros'] / 1_000_000:.6f})"
+    return text
+
+
 async def _inspect_main(args: argparse.Namespace) -> int:
     out = sys.stdout
     async with Runtime.open(_url(args), workers=0) as rt:
@@ -407,11 +421,13 @@ async def _inspect_main(args: argparse.Namespace) -> int:
             events = []
         if args.events:
             events = events[-args.events:]
+        usage = {r.run_id: await rt.usage(r.run_id) for r in runs}
         if args.json:
             out.write(json.dumps({
                 "conversation": conv,
                 "runs": [{"run_id": r.run_id, "status": r.status, "attempt": r.attempt, "agent": r.agent,
-                          "outcome": r.outcome, "pending_approvals": list(r.pending_approvals)} for r in runs],
+                          "outcome": r.outcome, "pending_approvals": list(r.pending_approvals),
+                          "usage": usage[r.run_id]} for r in runs],
                 "transcript": msgs,
                 "journal": [e.as_dict() for e in events],
             }, default=str) + "\n")
@@ -423,7 +439,8 @@ async def _inspect_main(args: argparse.Namespace) -> int:
                 extra = f" — {r.outcome['error'].get('type')}: {r.outcome['error'].get('message', '')}"
             if r.pending_approvals:
                 extra += f" — awaiting approval of {', '.join(r.pending_approvals)}"
-            out.write(f"  {r.run_id}  {r.status:<9} attempt {r.attempt}  agent {r.agent}{extra}\n")
+            out.write(f"  {r.run_id}  {r.status:<9} attempt {r.attempt}  agent {r.agent}"
+                      f"{_usage_text(usage[r.run_id])}{extra}\n")
         out.write("\ntranscript:\n")
         for i, m in enumerate(msgs):
             out.write(f"  #{i:<3} {m.get('role'):<10} {_short_message(m)}\n")

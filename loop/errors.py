@@ -36,6 +36,7 @@ __all__ = [
     "ToolSchemaError",
     "ModelSpecError",
     "RunFailed",
+    "MissingPrice",
     "ResultSchemaError",
     "classify_http",
     "classify_exception",
@@ -143,6 +144,11 @@ class ToolSchemaError(LoopError):
 
 class ModelSpecError(LoopError):
     """A model spec string (``echo``, ``anthropic:M``, ``openai:M@URL``) is malformed."""
+
+
+class MissingPrice(LoopError, ValueError):
+    """A run with a cost ceiling (``max_cost_micros``) names a model this runtime has no
+    price for: refused rather than run with a ceiling nothing enforces (see loop.pricing)."""
 
 
 class RunFailed(LoopError):

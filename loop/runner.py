@@ -58,6 +58,7 @@ from .errors import (
     ResultSchemaError,
 )
 from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, CALL_DONE, CALL_STARTED, LoopState
+from .pricing import FREE, cost_micros, estimate_cost_micros, model_label
 from .schema import validate
 from .stream import FLUSH_INTERVAL, PartCoalescer
 
@@ -196,6 +197,11 @@ class Runner:
         self.owner = claim.owner
         self.conv = claim.conversation
         self.provider = rt.provider_for(agent)
+        # The model's price (loop.pricing; None: unpriced, so a cost ceiling fails the run
+        # ``missing_price``), and the one costs are computed with: None for a free model, so
+        # a turn without a price pays nothing for pricing.
+        self.price = rt.price_for(agent)
+        self._bill = self.price if self.price is not None and self.price != FREE else None
         self.state: LoopState | None = None
         self.messages: list[dict[str, Any]] = []
         self.head = 0
@@ -578,6 +584,15 @@ class Runner:
             await self._finish_exhausted()
             return
         await self._begin()
+        if self.price is None and self.claim.limits and self.claim.limits.get("max_cost_micros") is not None:
+            # Submitted elsewhere (Runtime.submit refuses this up front): this worker's pricing
+            # enforces the ceiling, and it has no price for the model. Fail, never run unenforced.
+            label = model_label(self.agent.model)
+            await self._fail({"type": "missing_price", "model": label,
+                              "message": f"the run has a cost ceiling (max_cost_micros="
+                                         f"{self.claim.limits['max_cost_micros']}) but model {label!r} has no "
+                                         f"price in this runtime's pricing; nothing was sent to the model"})
+            return
         while True:
             if self.cancel_event.is_set():
                 await self._finish_cancelled()
@@ -758,7 +773,7 @@ class Runner:
         st = self.state
         assert st is not None
         call_no = st.model_calls + 1
-        usage = msg.get("usage") or {}
+        usage = self._priced(msg.get("usage") or {})
         calls = M.tool_calls_of(msg)
         if calls:
             self._unique_call_ids(calls)
@@ -812,14 +827,32 @@ class Runner:
             return {**L.completed(value), "text": text}, None
         return {**L.completed(text), "text": text}, None
 
+    def _priced(self, usage: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A step's usage with its ``cost_micros`` beside the tokens (recorded with them, in the
+        same idempotent (run, step) record, so counted once like them). Deterministic: a
+        retried record carries identical figures. A free or unpriced model adds nothing."""
+        if self._bill is None or not usage:
+            return usage
+        cost = cost_micros(self._bill, usage)
+        return {**usage, "cost_micros": cost} if cost else usage
+
     async def _reserve(self, system: str, messages: list[dict[str, Any]], *, during: str | None = None) -> None:
         """The pre-flight reserve of a model call against the run's usage ceilings: a refusal
         fails the run (``_fail`` raises RunStopped). Only a run with ceilings needs the
-        estimate and the read."""
-        if not self.claim.limits:
+        estimate and the read.
+
+        The estimate: the context's tokens as input, ``Agent.max_tokens`` (or 0 when unset)
+        as output, and with a cost ceiling their cost at the model's input and output prices.
+        (Without ``max_tokens`` a call's output is not reserved for: set it to make a ceiling
+        hold against the worst case of the call about to be made.)"""
+        limits = self.claim.limits
+        if not limits:
             return
-        refusal = await self.store.reserve(self.claim, estimate_context_tokens(system, messages),
-                                           self.agent.max_tokens or 0)
+        input_est, output_est = estimate_context_tokens(system, messages), self.agent.max_tokens or 0
+        cost_est = None
+        if limits.get("max_cost_micros") is not None and self.price is not None:
+            cost_est = estimate_cost_micros(self.price, input_est, output_est)
+        refusal = await self.store.reserve(self.claim, input_est, output_est, cost_est)
         if refusal is not None:
             await self._fail({"type": "usage_limit", "message": refusal,
                               **({"during": during} if during is not None else {})})
@@ -839,8 +872,8 @@ class Runner:
         except ProviderError as e:  # the summariser failed too: the run fails with its error
             await self._fail({**e.to_dict(), "during": "compaction"})
             return
-        usage = summary_msg.get("usage") or {}
-        entry = compaction_entry(M.text_of(summary_msg), cut, reason=reason, usage=usage)
+        entry = compaction_entry(M.text_of(summary_msg), cut, reason=reason, usage=summary_msg.get("usage") or {})
+        usage = self._priced(summary_msg.get("usage") or {})
         st = self.state
         assert st is not None
         step = f"compact-{st.model_calls + 1}-{st.compactions + 1}"

@@ -22,6 +22,12 @@ worker runs it with the agent registered under that name (``agents=[...]``
 at open, or any agent passed to ``run``/``submit``).  A run whose agent is
 unknown to this process runs with an agent rebuilt from that record, with
 no tools (its tool calls get ``unknown_tool`` results).
+
+Prices are configuration of the runtime, not of an agent: ``pricing={model:
+Price(...)}`` (see :mod:`loop.pricing`) prices every agent's model by its
+spec or name, the agents rebuilt from a run's record included, so a cost
+ceiling (``limits={"max_cost_micros": n}``) is enforced wherever the run is
+driven.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from sessions.errors import NotFound as SessionNotFound
 
 from .agents import Agent
 from .calls import SYSTEM_CLOCK, Clock
-from .errors import LoopError
+from .errors import LoopError, MissingPrice
+from .pricing import Price, check_pricing, model_label, price_for
 from .providers import Provider, make_provider
 from .runner import LeaseKeeper, Runner
 from .store import Claim, Store
@@ -163,8 +170,11 @@ class Runtime:
         max_attempts: int | None = None,
         journal_retention: int | None = None,
         release_on_shutdown: bool = True,
+        pricing: Mapping[str, Price] | None = None,
     ) -> None:
         self.db = db
+        # model spec / name -> Price (loop.pricing); ValueError for a bad table, at construction.
+        self.pricing = check_pricing(pricing)
         self.clock = clock or SYSTEM_CLOCK
         self.store = Store(
             db,
@@ -182,6 +192,7 @@ class Runtime:
         self._keeper = LeaseKeeper(self)  # renews their leases, polls their cancel records
         self._agents: dict[str, Agent] = {}
         self._providers: dict[str, Provider] = {}
+        self._prices: dict[str, Price | None] = {}  # agent name -> its model's price (cached like providers)
         self._nursery: trio.Nursery | None = None
         self.worker_prefix = f"w-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._worker_seq = 0
@@ -247,6 +258,7 @@ class Runtime:
         old = self._agents.get(agent.name)
         if old is not None and old is not agent:
             self._providers.pop(agent.name, None)
+            self._prices.pop(agent.name, None)
         self._agents[agent.name] = agent
         return agent
 
@@ -256,6 +268,29 @@ class Runtime:
             p = make_provider(agent.model)
             self._providers[agent.name] = p
         return p
+
+    def price_for(self, agent: Agent) -> Price | None:
+        """The price of ``agent``'s model in this runtime's ``pricing`` (``FREE`` for the
+        offline models); None when it has none (a cost ceiling then cannot be enforced)."""
+        name = agent.name
+        if name in self._prices and self._agents.get(name) is agent:
+            return self._prices[name]
+        p = price_for(self.pricing, agent.model)
+        if self._agents.get(name) is agent:
+            self._prices[name] = p
+        return p
+
+    def _check_limits(self, agent: Agent, limits: Mapping[str, int] | None) -> None:
+        """Refuse, before anything is written, a cost ceiling this runtime cannot enforce.
+
+        This is the earliest point where the run's model is known (the agent is in hand);
+        a worker that claims a run submitted elsewhere checks again (``Runner``: the run
+        then fails ``missing_price``), since its own pricing is what enforces it."""
+        if limits and limits.get("max_cost_micros") is not None and self.price_for(agent) is None:
+            raise MissingPrice(
+                f"run refused: it has a cost ceiling (max_cost_micros={limits['max_cost_micros']}) but model "
+                f"{model_label(agent.model)!r} of agent {agent.name!r} has no price; pass "
+                f"Runtime(pricing={{{model_label(agent.model)!r}: Price(...)}})")
 
     def _agent_for(self, claim: Claim) -> Agent:
         d = claim.delivery if isinstance(claim.delivery, Mapping) else {}
@@ -289,8 +324,13 @@ class Runtime:
         (the ledger's ``SubmissionConflict``).  ``limits`` are the run's usage
         ceilings (``{"max_total_tokens": N}``, ``{"max_input_tokens": N}``...):
         a model call that would pass one is refused before it is made and the
-        run fails with ``usage_limit``.
+        run fails with ``usage_limit``.  ``{"max_cost_micros": N}`` is a cost
+        ceiling in micro-units of currency, priced by this runtime's ``pricing``
+        (:mod:`loop.pricing`); for a model without a price it is refused here,
+        with :class:`~loop.errors.MissingPrice` (a ``ValueError``), before anything
+        is written.
         """
+        self._check_limits(agent, limits)
         self.register(agent)
         tag = owner or self.owner
         sid = submission_id or self.store.new_id()
@@ -347,8 +387,10 @@ class Runtime:
         behind another of its conversation, or a submission id already used, is left to
         the claim loops and waited for as :meth:`wait` does; so is a run its runner
         stopped driving without settling (parked for approval, lease lost, a storage
-        failure: it is re-claimed from storage).
+        failure: it is re-claimed from storage).  A cost ceiling on an unpriced model
+        raises :class:`~loop.errors.MissingPrice` as in :meth:`submit`.
         """
+        self._check_limits(agent, limits)
         self.register(agent)
         tag = owner or self.owner
         nursery = self._nursery
@@ -415,6 +457,11 @@ class Runtime:
 
     async def get_run(self, run_id: str, *, owner: str | None = None) -> RunInfo:
         return await self.store.get_run(run_id, owner or self.owner)
+
+    async def usage(self, run_id: str, *, owner: str | None = None) -> dict[str, int]:
+        """The run's recorded usage totals: ``input_tokens``, ``output_tokens``, ``total_tokens``,
+        cache fields, and ``cost_micros`` when its model is priced (each step counted once)."""
+        return await self.store.usage_totals(run_id, owner or self.owner)
 
     async def transcript(self, conversation: str, *, start: int = 0, owner: str | None = None) -> list[dict[str, Any]]:
         """The conversation's messages from ``start`` (the full history, compaction entries included).

@@ -369,12 +369,17 @@ class Store:
         # the lease exists only with its run, so the run record need not be re-read.
         await self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True)
 
-    async def reserve(self, claim: Claim, input_estimate: int, output_estimate: int) -> str | None:
-        """None when the call may proceed, else why not (a ceiling of the run would be passed). Read-only."""
+    async def reserve(self, claim: Claim, input_estimate: int, output_estimate: int,
+                      cost_estimate: int | None = None) -> str | None:
+        """None when the call may proceed, else why not (a ceiling of the run would be passed:
+        tokens, or ``cost_micros`` when ``cost_estimate`` is given). Read-only."""
         if not claim.limits:
             return None  # no ceiling: skip the read
+        estimate = {"input_tokens": input_estimate, "output_tokens": output_estimate}
+        if cost_estimate is not None:
+            estimate["cost_micros"] = cost_estimate
         try:
-            await self.ledger.usage.reserve(claim.run_id, {"input_tokens": input_estimate, "output_tokens": output_estimate})
+            await self.ledger.usage.reserve(claim.run_id, estimate)
         except L.UsageLimitExceeded as e:
             return str(e)
         return None
@@ -455,6 +460,20 @@ class Store:
         except L.NotFound:
             raise NotFound(f"run {run_id!r} not found") from None
         return self._info(r, raw)
+
+    async def usage_totals(self, run_id: str, owner: str) -> dict[str, int]:
+        """Read-only: the run's usage totals per field (tokens, ``total_tokens``, and
+        ``cost_micros`` when the model was priced), owner-checked in the same transaction."""
+        from .runtime import NotFound
+
+        async def fn(tr: Any) -> dict[str, int]:  # read-only
+            await self.ledger.get_run_tr(tr, run_id, owner=owner)
+            return await self.ledger.usage.totals_tr(tr, run_id)
+
+        try:
+            return await self.db.transact(fn)
+        except L.NotFound:
+            raise NotFound(f"run {run_id!r} not found") from None
 
     async def wait_settled(self, run_id: str, owner: str) -> dict[str, Any]:
         from .runtime import NotFound

@@ -54,6 +54,10 @@ assert DEFAULT_MAX_TOKENS > 0
 
 @dataclass(frozen=True)
 class Usage:
+    """One call's usage, normalised across providers: ``input_tokens`` are the *uncached*
+    input tokens; ``cache_read_tokens`` / ``cache_write_tokens`` are prompt-cache reads and
+    writes, billed apart (see loop.pricing, whose Price fields carry these names)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0

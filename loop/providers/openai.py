@@ -179,9 +179,16 @@ class OpenAIProvider(HTTPProvider):
 
 
 def _usage(u: Mapping[str, Any]) -> Usage:
+    """OpenAI's ``prompt_tokens`` *include* the ``cached_tokens`` read from its prompt cache;
+    the loop's :class:`Usage` counts them apart (Anthropic's convention: ``input_tokens`` are
+    the uncached ones), so one price formula fits both (loop.pricing) and a cached token is
+    never billed twice."""
     details = u.get("prompt_tokens_details") or {}
+    prompt = int(u.get("prompt_tokens") or 0)
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+    cached = min(max(cached, 0), prompt)
     return Usage(
-        input_tokens=int(u.get("prompt_tokens") or 0),
+        input_tokens=prompt - cached,
         output_tokens=int(u.get("completion_tokens") or 0),
-        cache_read_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0,
+        cache_read_tokens=cached,
     )

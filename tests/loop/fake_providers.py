@@ -57,6 +57,11 @@ class FakeReply:
     tool_calls: Sequence[tuple[str, str, dict[str, Any]]] = ()  # (id, name, arguments)
     input_tokens: int = 11
     output_tokens: int = 7
+    # Prompt-cache figures, as each dialect reports them: Anthropic's cache_read_input_tokens /
+    # cache_creation_input_tokens beside (not inside) input_tokens; OpenAI's
+    # prompt_tokens_details.cached_tokens *inside* prompt_tokens (no cache writes reported).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     stop_reason: str | None = None  # default: dialect's own for text / tool calls
     chunk: int = 5  # characters per text delta
     model: str = "fake-model"
@@ -156,7 +161,9 @@ def anthropic_events(r: FakeReply) -> list[bytes]:
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": r.input_tokens, "output_tokens": 1},
+                    "usage": {"input_tokens": r.input_tokens, "output_tokens": 1,
+                              **({"cache_read_input_tokens": r.cache_read_tokens} if r.cache_read_tokens else {}),
+                              **({"cache_creation_input_tokens": r.cache_write_tokens} if r.cache_write_tokens else {})},
                 },
             },
         ),
@@ -227,9 +234,10 @@ def openai_events(r: FakeReply) -> list[bytes]:
                 **base,
                 "choices": [],
                 "usage": {
-                    "prompt_tokens": r.input_tokens,
+                    "prompt_tokens": r.input_tokens + r.cache_read_tokens,
                     "completion_tokens": r.output_tokens,
-                    "total_tokens": r.input_tokens + r.output_tokens,
+                    "total_tokens": r.input_tokens + r.cache_read_tokens + r.output_tokens,
+                    **({"prompt_tokens_details": {"cached_tokens": r.cache_read_tokens}} if r.cache_read_tokens else {}),
                 },
             },
         )

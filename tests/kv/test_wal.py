@@ -182,16 +182,21 @@ async def test_a_failed_log_write_stops_commits_but_not_reads_until_reopened(tmp
         await _set(db, {b"before": b"1"})
         import kv.wal
 
-        real = os.fdatasync
+        log_fd = db.engine.store._log.fd
         failures = []
+        # The sync fails after the record reached the page cache: with O_DSYNC the
+        # write itself reports it, otherwise the fdatasync after it.
+        name = "write" if kv.wal.SYNC_OPEN_FLAG else "fdatasync"
+        real = getattr(os, name)
 
-        def failing(fd):
-            if not failures:
+        def failing(fd, *args):
+            result = real(fd, *args)
+            if fd == log_fd and not failures:
                 failures.append(fd)
                 raise OSError(errno.EIO, "injected I/O error")
-            return real(fd)
+            return result
 
-        monkeypatch.setattr(kv.wal.os, "fdatasync", failing)
+        monkeypatch.setattr(kv.wal.os, name, failing)
         tr = db.create_transaction()
         tr.set(b"doomed", b"x")
         with pytest.raises(KVError) as info:

@@ -11,6 +11,13 @@ entry, and forks at any position see a consistent history.
 The cut is chosen so the model never sees a tool result without the call
 that asked for it: it falls on a user or assistant message, never on a tool
 result, and keeps at least ``keep_recent`` messages verbatim.
+
+Windows: the loop need not hold the whole history. The transaction that
+appends a compaction entry marks the transcript at the entry's cut (the
+session head's ``mark``), and a claim reads from that mark on: the messages
+every function here needs (the newest entry and what follows its cut).
+Every function takes ``base``, the sequence number of ``messages[0]``;
+positions in entries (``upto``) and the cut returned are absolute.
 """
 
 from __future__ import annotations
@@ -55,13 +62,15 @@ def last_compaction(messages: Sequence[Message]) -> tuple[int, Message] | None:
     return None
 
 
-def model_context(messages: Sequence[Message]) -> list[Message]:
-    """The messages a model call sends: summary + history after the cut, model roles only."""
+def model_context(messages: Sequence[Message], base: int = 0) -> list[Message]:
+    """The messages a model call sends: summary + history after the cut, model roles only.
+    (``messages`` start at sequence number ``base``: see Windows above.)"""
     lc = last_compaction(messages)
     if lc is None:
+        assert base == 0, "a window starts at a compaction's cut and holds that compaction"
         return [m for m in messages if m.get("role") in MODEL_ROLES]
     _, entry = lc
-    cut = int(entry.get("upto", 0))
+    cut = max(0, int(entry.get("upto", 0)) - base)
     out: list[Message] = [user(SUMMARY_PREFIX + str(entry.get("summary", "")))]
     out.extend(m for m in messages[cut:] if m.get("role") in MODEL_ROLES)
     return out
@@ -79,15 +88,16 @@ def estimate_context_tokens(system: str, context: Sequence[Message], tools_schem
     return n
 
 
-def choose_cut(messages: Sequence[Message], keep_recent: int) -> int | None:
-    """Where the next compaction should cut, or None when nothing can be compacted.
+def choose_cut(messages: Sequence[Message], keep_recent: int, base: int = 0) -> int | None:
+    """Where the next compaction should cut (a sequence number), or None when nothing can be
+    compacted.
 
     The cut is past the previous compaction's cut, leaves ``keep_recent``
     model messages after it, and lands on a user or assistant message (never
     between a tool call and its result).
     """
     lc = last_compaction(messages)
-    prev = int(lc[1].get("upto", 0)) if lc else 0
+    prev = max(0, int(lc[1].get("upto", 0)) - base) if lc else 0  # (as an index into messages)
     model_idx = [i for i, m in enumerate(messages) if m.get("role") in MODEL_ROLES and i >= prev]
     if len(model_idx) <= keep_recent:
         # Not enough to keep a tail: compact all but the newest user turn onward.
@@ -95,7 +105,7 @@ def choose_cut(messages: Sequence[Message], keep_recent: int) -> int | None:
     candidates = model_idx[: max(0, len(model_idx) - keep_recent) + 1]
     for i in reversed(candidates):
         if i > prev and messages[i].get("role") in ("user", "assistant"):
-            return i
+            return base + i
     return None
 
 
@@ -114,15 +124,19 @@ def _render(m: Message) -> str:
     return "\n".join(lines)
 
 
-def summary_request(messages: Sequence[Message], cut: int) -> list[Message]:
-    """The summariser's input: the previous summary (if any) and messages up to ``cut``, as text."""
-    lc = last_compaction(messages[:cut]) or last_compaction(messages)
-    prev_cut = 0
+def summary_request(messages: Sequence[Message], cut: int, base: int = 0) -> list[Message]:
+    """The summariser's input: the previous summary (if any) and messages up to ``cut``, as text.
+
+    The previous summary is the newest compaction's: it covers everything before its own
+    cut, which every new cut passes (:func:`choose_cut`), and it is the one a window holds.
+    (An older entry before ``cut`` would summarise less and re-render more.)"""
+    lc = last_compaction(messages)
+    prev_cut = base
     parts: list[str] = []
-    if lc is not None and int(lc[1].get("upto", 0)) <= cut:
+    if lc is not None and base <= int(lc[1].get("upto", 0)) <= cut:
         prev_cut = int(lc[1].get("upto", 0))
         parts.append(SUMMARY_PREFIX + str(lc[1].get("summary", "")))
-    for m in messages[prev_cut:cut]:
+    for m in messages[prev_cut - base:cut - base]:
         if m.get("role") in MODEL_ROLES:
             r = _render(m)
             if r:

@@ -21,6 +21,12 @@ Key (under root["lp"])   Value
                          "denied", "done".
 ("p", run_id)            CBOR {"owner", "conversation", "call_ids"}: the run is parked
                          for approval (index for ``inspect`` and restarts)
+("ci", owner, conv,      b"": tool call id ``call_id`` is used in the conversation's
+ call_id)                transcript before its mark. Written by the compaction that moves
+                         the mark past it (same transaction: blind sets, idempotent), so a
+                         claim that reads only the window (loop.compaction, Windows) can
+                         still keep call ids unique in the whole transcript with a point
+                         read per new id — and only once the conversation has a mark.
 
 Every write of ``("r", run)`` happens in a transaction that also checks the
 run's lease (ledger fencing), except approval decisions, which are written
@@ -44,7 +50,7 @@ CALL_APPROVED = "approved"
 CALL_DENIED = "denied"
 CALL_DONE = "done"
 
-_R, _P = pack_str("r"), pack_str("p")
+_R, _P, _CI = pack_str("r"), pack_str("p"), pack_str("ci")
 
 
 class LoopKeyspace:
@@ -62,6 +68,9 @@ class LoopKeyspace:
 
     def parked(self, run_id: str) -> bytes:
         return self._b + _P + pack_str(run_id)
+
+    def call_id_used(self, owner: str, conv: str, call_id: str) -> bytes:
+        return self._b + _CI + pack_str(owner) + pack_str(conv) + pack_str(call_id)
 
     def parked_range(self) -> tuple[bytes, bytes]:
         r = self.base.range(("p",))

@@ -203,7 +203,11 @@ class Runner:
         self.price = rt.price_for(agent)
         self._bill = self.price if self.price is not None and self.price != FREE else None
         self.state: LoopState | None = None
+        # The transcript from ``base`` on (its mark: the context of the latest compaction,
+        # which is all the loop needs; see loop.compaction, Windows): ``messages[i]`` is
+        # message ``base + i``, and ``head`` (the next sequence number) is absolute.
         self.messages: list[dict[str, Any]] = []
+        self.base = 0
         self.head = 0
         self.cancel_event = trio.Event()
         # One commit at a time: made when a slow call's flusher starts (the only other task
@@ -312,6 +316,7 @@ class Runner:
         events: Callable[[int], Sequence[tuple[str, Any]]] | Sequence[tuple[str, Any]] = (),
         extra: Callable[[Any, LoopState], Awaitable[None]] | None = None,
         abort_on_cancel: bool = False,
+        mark: int | None = None,
     ) -> bool:
         """One guarded, lease-checked transaction: append, update the loop state, journal.
 
@@ -323,7 +328,7 @@ class Runner:
         abandoned instead (returns False; the loop then finalises as cancelled).
 
         ``events`` may be a function of the first appended message's sequence
-        number.  Guard: the state's ``ver`` must be what this runner last
+        number; ``mark`` moves the transcript's mark with the append (a compaction).  Guard: the state's ``ver`` must be what this runner last
         wrote; a matching ``tok`` at ``ver + 1`` means an earlier attempt of
         this very transaction committed (1021), and nothing is applied twice.
 
@@ -373,7 +378,8 @@ class Runner:
                     if abort_on_cancel:
                         raise _CancelSeen()
                 if append:
-                    await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq)
+                    await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq,
+                                                      mark=mark)
                 if mutate is not None:
                     mutate(st)
                 st.ver += 1
@@ -465,8 +471,11 @@ class Runner:
         if not new_run and await tr.get(store.loop_keys.state(run_id)) is not None:
             return None
         exists = True
+        base = 0
         try:
-            page = await store.transcripts.read_tr(tr, owner, conv, 0, MAX_READ_PAGE)
+            # From the mark: the latest compaction's context (dangling calls can only be there:
+            # a compaction runs only when every earlier call has its result).
+            page = await store.transcripts.read_tail_tr(tr, owner, conv, MAX_READ_PAGE)
         except SessionNotFound:
             messages: list[dict[str, Any]] = []
             exists = False
@@ -474,8 +483,9 @@ class Runner:
             if page.next_seq is not None:
                 return None
             messages = [m.data for m in page.messages]
+            base = page.start
         cancel = False if new_run else await store.cancel_requested(tr, run_id)
-        first_seq = len(messages)
+        first_seq = base + len(messages)
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
         state.ver, state.tok = 1, store.new_token()
@@ -485,19 +495,19 @@ class Runner:
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
         await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended), refs=False)
         messages.extend(appended)
-        return _Prepared(state, messages, cancel)
+        return _Prepared(state, messages, cancel, base)
 
     async def _begin(self) -> None:
         store = self.store
         prepared = self.claim.prepared
         if prepared is not None:  # the claim's transaction already began the run
-            self.state, self.messages = prepared.state, prepared.messages
-            self.head = len(self.messages)
+            self.state, self.messages, self.base = prepared.state, prepared.messages, prepared.base
+            self.head = self.base + len(self.messages)
             if prepared.cancel:
                 self._note_cancel()
             return
-        raw, self.messages, cancel = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
-        self.head = len(self.messages)
+        raw, self.messages, cancel, self.base = await store.read_state_and_transcript(self.run_id, self.owner, self.conv)
+        self.head = self.base + len(self.messages)
         if cancel:
             self._note_cancel()
         if raw is None:
@@ -540,7 +550,7 @@ class Runner:
         """A later claim: finalise calls an earlier attempt started, then continue."""
         assert self.state is not None
         st = self.state
-        a = _last_assistant(self.messages, st.user_seq)
+        a = _last_assistant(self.messages, st.user_seq - self.base)
         interrupted: list[dict[str, Any]] = []
         if a is not None:
             answered = _answered(self.messages, a)
@@ -598,7 +608,7 @@ class Runner:
                 await self._finish_cancelled()
                 return
             assert self.state is not None
-            a = _last_assistant(self.messages, self.state.user_seq)
+            a = _last_assistant(self.messages, self.state.user_seq - self.base)
             if a is not None:
                 calls = M.tool_calls_of(self.messages[a])
                 answered = _answered(self.messages, a)
@@ -620,13 +630,13 @@ class Runner:
         if st.model_calls >= agent.max_model_calls:
             await self._fail({"type": "max_model_calls", "message": f"the run made {st.model_calls} model calls, the limit"})
             return
-        context = model_context(self.messages)
+        context = model_context(self.messages, self.base)
         specs = agent.tool_specs()
         if agent.compact_at_tokens is not None:
             est = estimate_context_tokens(agent.instructions, context)
-            if est > agent.compact_at_tokens and choose_cut(self.messages, agent.keep_recent) is not None:
+            if est > agent.compact_at_tokens and choose_cut(self.messages, agent.keep_recent, self.base) is not None:
                 await self._compact("threshold")
-                context = model_context(self.messages)
+                context = model_context(self.messages, self.base)
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         if agent.hooks is not None and agent.hooks.before_model_call is not None:
             await Hooks.call(agent.hooks.before_model_call, info)
@@ -693,7 +703,7 @@ class Runner:
             return  # cancelled mid-call: the loop's next boundary finalises
         if error is not None:
             if isinstance(error, ContextOverflowError) and agent.retry.should_compact(error, st.compactions):
-                if choose_cut(self.messages, agent.keep_recent) is not None:
+                if choose_cut(self.messages, agent.keep_recent, self.base) is not None:
                     await self._flush(coalescer)
                     await self._compact("overflow")
                     return
@@ -746,7 +756,7 @@ class Runner:
             })],
         )
 
-    def _unique_call_ids(self, calls: list[dict[str, Any]]) -> None:
+    async def _unique_call_ids(self, calls: list[dict[str, Any]]) -> None:
         """Rename tool-call ids already used in this transcript, before the message is persisted.
 
         Per-call state (started/done, approvals, idempotency keys) and the
@@ -756,8 +766,17 @@ class Runner:
         model derives ids from the context, which a compaction shortens). The
         new id is a function of the transcript position, so a model call
         replayed after a crash gets the same one.
+
+        The ids before ``self.base`` (the transcript's mark when this run read it) are
+        not in memory: the compactions that moved the mark recorded them
+        (``Store.note_call_ids``), and a new id is looked up there — one read, and only
+        in a conversation that has a mark.
         """
         used = {c["id"] for m in self.messages for c in M.tool_calls_of(m)}
+        if self.base:
+            fresh = [c["id"] for c in calls if c["id"] not in used]
+            if fresh:
+                used |= await self.store.call_ids_used(self.owner, self.conv, fresh)
         for i, c in enumerate(calls):
             if c["id"] in used:
                 n = 0
@@ -776,7 +795,7 @@ class Runner:
         usage = self._priced(msg.get("usage") or {})
         calls = M.tool_calls_of(msg)
         if calls:
-            self._unique_call_ids(calls)
+            await self._unique_call_ids(calls)
         start_first = self._startable(calls[0]) if calls else None
         final_outcome: dict[str, Any] | None = None
         appended = [msg]
@@ -858,9 +877,9 @@ class Runner:
                               **({"during": during} if during is not None else {})})
 
     async def _compact(self, reason: str) -> None:
-        cut = choose_cut(self.messages, self.agent.keep_recent)
+        cut = choose_cut(self.messages, self.agent.keep_recent, self.base)
         assert cut is not None
-        request = summary_request(self.messages, cut)
+        request = summary_request(self.messages, cut, self.base)
         # The summariser is a model call like any other (unreserved, its usage could carry
         # the run past a ceiling).
         await self._reserve(COMPACTION_SYSTEM, request, during="compaction")
@@ -890,11 +909,18 @@ class Runner:
                 out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": step, "usage": usage}))
             return out
 
+        # The call ids leaving the window (before the new cut) are recorded with the mark's move,
+        # so later claims, which read from the mark on, still see them (_unique_call_ids).
+        leaving = {c["id"] for m in self.messages[:cut - self.base] for c in M.tool_calls_of(m)}
+
         async def extra(tr: Any, s: LoopState) -> None:
             if usage:
                 await self.store.record_usage(tr, self.claim, step, usage)
+            self.store.note_call_ids(tr, self.owner, self.conv, leaving)
 
-        await self._commit(mutate, append=[entry], events=events, extra=extra)
+        # The mark moves to the new cut with the entry (one transaction): the next claim reads
+        # the transcript from there, the entry and the context it keeps (loop.compaction).
+        await self._commit(mutate, append=[entry], events=events, extra=extra, mark=cut)
 
     # ------------------------------------------------------------------ tools
 
@@ -1045,13 +1071,14 @@ class Runner:
         """The claim past the last attempt: finalise dangling calls as interrupted, settle retry_exhausted."""
         n = self.claim.lease.max_attempts
         outcome = L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
-        raw, self.messages, _cancel = await self.store.read_state_and_transcript(self.run_id, self.owner, self.conv)
-        self.head = len(self.messages)
+        raw, self.messages, _cancel, self.base = await self.store.read_state_and_transcript(
+            self.run_id, self.owner, self.conv)
+        self.head = self.base + len(self.messages)
         if raw is None:  # it never got as far as its first write
             await self.store.settle_now(self.claim, outcome)
             raise RunStopped("settled retry_exhausted")
         self.state = LoopState.from_bytes(raw)
-        a = _last_assistant(self.messages, self.state.user_seq)
+        a = _last_assistant(self.messages, self.state.user_seq - self.base)
         results = [] if a is None else _dangling_results(self.messages, a, reason="interrupted")
 
         def events(first_seq: int) -> list[tuple[str, Any]]:
@@ -1072,7 +1099,7 @@ class Runner:
     async def _finish_cancelled(self) -> None:
         st = self.state
         assert st is not None
-        a = _last_assistant(self.messages, st.user_seq)
+        a = _last_assistant(self.messages, st.user_seq - self.base)
         results = _dangling_results(self.messages, a if a is not None else len(self.messages), reason="cancelled",
                                     text="The run was cancelled before this call ran.", started=st.calls,
                                     started_text="The run was cancelled while this call ran; it may have taken effect.")
@@ -1090,12 +1117,13 @@ class Runner:
 
 class _Prepared:
     """What :meth:`Runner.prepare_in_claim` began inside the claim: the loop state as
-    committed, the transcript after the appended messages, the cancel record as read."""
+    committed, the transcript (from ``base``, its mark) after the appended messages, the
+    cancel record as read."""
 
-    __slots__ = ("state", "messages", "cancel")
+    __slots__ = ("state", "messages", "cancel", "base")
 
-    def __init__(self, state: LoopState, messages: list[dict[str, Any]], cancel: bool) -> None:
-        self.state, self.messages, self.cancel = state, messages, cancel
+    def __init__(self, state: LoopState, messages: list[dict[str, Any]], cancel: bool, base: int = 0) -> None:
+        self.state, self.messages, self.cancel, self.base = state, messages, cancel, base
 
 
 def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
@@ -1161,17 +1189,28 @@ def _dangling_results(
     started: dict[str, Any] | None = None,
     started_text: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Synthetic error results for every tool call from ``start`` on that has none."""
-    answered: set[str] = set()
-    calls: list[dict[str, Any]] = []
+    """Synthetic error results for every tool call from ``start`` on that has none.
+
+    A result answers the latest earlier call with its id that has none, so an id reused
+    after its call was answered (local servers number calls per response; call ids are
+    unique within a window, not necessarily a whole history, which a fork reads) leaves
+    neither call looking answered wrongly."""
+    calls: list[dict[str, Any] | None] = []
+    open_: dict[str, list[int]] = {}  # call id -> indices in ``calls`` still without a result
     for m in messages[start:]:
         if m.get("role") == "assistant":
-            calls.extend(M.tool_calls_of(m))
+            for c in M.tool_calls_of(m):
+                open_.setdefault(c["id"], []).append(len(calls))
+                calls.append(c)
         elif m.get("role") == "tool":
-            answered.update(p["call_id"] for p in m.get("content") or () if p.get("type") == "tool_result")
+            for p in m.get("content") or ():
+                if p.get("type") == "tool_result":
+                    waiting = open_.get(p["call_id"])
+                    if waiting:
+                        calls[waiting.pop()] = None
     out = []
     for c in calls:
-        if c["id"] in answered:
+        if c is None:
             continue
         was_started = started is not None and (started.get(c["id"]) or {}).get("state") == CALL_STARTED
         body = started_text if (was_started and started_text) else text

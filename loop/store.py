@@ -161,24 +161,43 @@ class Store:
 
     async def read_state_and_transcript(
         self, run_id: str, owner: str, conv: str
-    ) -> tuple[bytes | None, list[dict[str, Any]], bool]:
-        """The run's loop state, the whole transcript and whether a cancel is requested,
-        in one read-only transaction when the transcript fits a page."""
+    ) -> tuple[bytes | None, list[dict[str, Any]], bool, int]:
+        """The run's loop state, the conversation's transcript *from its mark* (the context of
+        its latest compaction: see loop.compaction, Windows), whether a cancel is requested,
+        and the sequence number the messages start at — in one read-only transaction when
+        that fits a page. O(context), not O(history)."""
         from sessions.transcript import MAX_READ_PAGE
 
-        async def fn(tr: Any) -> tuple[bytes | None, list[dict[str, Any]] | None, bool]:
+        async def fn(tr: Any) -> tuple[bytes | None, list[dict[str, Any]] | None, bool, int]:
             raw = await tr.get(self.loop_keys.state(run_id))
             cancel = await self.ledger.is_cancel_requested(tr, run_id)
             try:
-                page = await self.transcripts.read_tr(tr, owner, conv, 0, MAX_READ_PAGE)
+                page = await self.transcripts.read_tail_tr(tr, owner, conv, MAX_READ_PAGE)
             except SessionNotFound:
-                return raw, [], cancel
-            return raw, ([m.data for m in page.messages] if page.next_seq is None else None), cancel
+                return raw, [], cancel, 0
+            return raw, ([m.data for m in page.messages] if page.next_seq is None else None), cancel, page.start
 
-        raw, msgs, cancel = await self.db.transact(fn)
-        if msgs is None:  # longer than a page: read it page by page
-            msgs = await self.read_transcript(owner, conv)
-        return raw, msgs, cancel
+        raw, msgs, cancel, base = await self.db.transact(fn)
+        if msgs is None:  # longer than a page: read it page by page (nobody else appends: we hold the lease)
+            msgs = await self.read_transcript(owner, conv, base)
+        return raw, msgs, cancel, base
+
+    async def call_ids_used(self, owner: str, conv: str, call_ids: list[str]) -> set[str]:
+        """Which of ``call_ids`` the conversation used before its mark (``LoopKeyspace.call_id_used``).
+        Read-only; outside the writer's commit, which is safe: only the run holding the
+        conversation's active lease appends to it or moves its mark."""
+        keys = self.loop_keys
+
+        async def fn(tr: Any) -> set[str]:  # read-only
+            return {c for c in call_ids if await tr.get(keys.call_id_used(owner, conv, c)) is not None}
+
+        return await self.db.transact(fn)
+
+    def note_call_ids(self, tr: Any, owner: str, conv: str, call_ids: set[str]) -> None:
+        """In the caller's (the compaction's) transaction: these ids now lie before the mark.
+        Blind sets of empty values: idempotent."""
+        for c in call_ids:
+            tr.set(self.loop_keys.call_id_used(owner, conv, c), b"")
 
     async def read_transcript(self, owner: str, conv: str, start: int = 0) -> list[dict[str, Any]]:
         try:

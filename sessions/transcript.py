@@ -16,6 +16,16 @@ Appends
     token stored in the head, so a retry after ``commit_unknown_result``
     recognises its own committed append instead of reporting a conflict.
 
+Marks
+    An append may set the head's ``mark``: a sequence number where a reader
+    that needs only the recent part of the history may start
+    (:meth:`Transcripts.read_tail_tr`). The loop marks where the context of
+    its latest compaction begins, in the transaction that appends the
+    compaction entry, so a claim reads O(context), not O(history). A mark
+    only moves forward with the appends that set it (other appends keep
+    it); a fork starts without one (its reader starts at 0: correct, only
+    slower, until its own first mark).
+
 Forks
     ``fork(session, at)`` makes a new session holding messages [0, at). By
     default it is *by reference*: one transaction writes the new head with a
@@ -87,6 +97,7 @@ class TranscriptPage:
     messages: list[Message]
     head: int
     next_seq: int | None  # None when the page reached the head
+    start: int = 0  # the sequence number the page starts at (read_tail_tr: the mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +218,8 @@ class Transcripts:
     # -- appends ------------------------------------------------------------
 
     async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
-                        expected_head: int | None = None, token: bytes | None = None, create: bool = False) -> int:
+                        expected_head: int | None = None, token: bytes | None = None, create: bool = False,
+                        mark: int | None = None) -> int:
         """Append ``messages`` in ``tr``; returns the new head (message count).
 
         Guarded: reads the head (so a concurrent append conflicts) and, when a
@@ -216,7 +228,9 @@ class Transcripts:
         head differs, :class:`TooLarge` before writing anything when the append
         cannot fit one transaction.  With ``create``, a missing session is
         created first, as :meth:`create_tr` would (its head written once, with
-        the messages), instead of raising :class:`NotFound`.
+        the messages), instead of raising :class:`NotFound`.  ``mark`` sets the
+        head's mark (see the module docstring) to a sequence number below the new
+        head, at least the current mark.
         """
         tag = as_tag(owner)
         check_session_id(session_id)
@@ -251,6 +265,10 @@ class Transcripts:
                 tr.set(fastpack(prefix, (n + i, c)), chunk)
         head["n"] = n + len(encoded)
         head["tok"] = token
+        if mark is not None:
+            if not head.get("mark", 0) <= mark < head["n"]:
+                raise ValueError(f"mark {mark} outside [{head.get('mark', 0)}, {head['n']})")
+            head["mark"] = mark
         tr.set(self.keys.head(tag, session_id), dumps(head))
         return head["n"]
 
@@ -317,6 +335,25 @@ class Transcripts:
         for src, lo, hi in self._pieces(head, session_id, start, stop):
             out.extend(await self._read_range(tr, tag, src, lo, hi))
         return TranscriptPage(out, n, stop if stop < n else None)
+
+    async def read_tail_tr(self, tr: Any, owner: OwnerLike, session_id: str,
+                           limit: int = DEFAULT_READ_PAGE) -> TranscriptPage:
+        """Messages [mark, mark+limit) clipped at the head, where ``mark`` is the head's mark
+        (0 when none): the recent part of the history its writer marked, read with the head
+        in one pass. ``page.start`` says where it starts. O(page)."""
+        tag = as_tag(owner)
+        if not 0 < limit <= MAX_READ_PAGE:
+            raise ValueError(f"limit must be in 1..{MAX_READ_PAGE}")
+        head = await self._head(tr, tag, check_session_id(session_id))
+        n = head["n"]
+        start = head.get("mark", 0)
+        if not 0 <= start <= n:  # (never written so; a reader must not trust it past the head)
+            start = 0
+        stop = min(n, start + limit)
+        out: list[Message] = []
+        for src, lo, hi in self._pieces(head, session_id, start, stop):
+            out.extend(await self._read_range(tr, tag, src, lo, hi))
+        return TranscriptPage(out, n, stop if stop < n else None, start)
 
     async def read(self, owner: OwnerLike, session_id: str, start: int = 0,
                    limit: int = DEFAULT_READ_PAGE) -> TranscriptPage:

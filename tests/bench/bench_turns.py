@@ -23,6 +23,12 @@ sequential turn is ~``commits_per_turn`` commits in a row
 begins its run in one commit and drives it in the submitting process (4
 commits per tool turn; a run submitted with ``rt.submit`` and claimed by a
 worker makes 5).
+
+Last, a claim reads O(context), not O(history): the CPU of a plain turn in a
+compacted conversation of ``LONG_CONVERSATION`` messages beside one of
+``SHORT_CONVERSATION`` (``long_vs_short_turn_cpu``: ~1 when a claim reads only
+the latest compaction's window; a claim that read the whole transcript paid
+for 20,000 messages every turn).
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ TARGETS = {"seq_p50_ms_max": 3.0, "concurrent32_turns_per_s_min": 1000.0}
 PEERS = {"langgraph_sqlite_seq_turns_per_s": 156, "langgraph_sqlite_p50_ms": 6.2,
          "dbos_sqlite_seq_turns_per_s": 67, "dbos_sqlite_p50_ms": 14.7}
 CONCURRENCY = 32
+LONG_CONVERSATION = 20_000
+SHORT_CONVERSATION = 100
+WINDOW_TURNS = 20
 
 
 def make_agent() -> Agent:
@@ -63,6 +72,32 @@ def make_agent() -> Agent:
     # record=False: a real provider keeps no history of its calls; the test double would
     # otherwise hold every context it was sent (a growing heap the collector keeps scanning)
     return Agent("bench", "Benchmark agent.", ScriptedModel(script, chunk=4096, record=False), tools=[noop])
+
+
+def make_compacting_agent() -> Agent:
+    def script(messages, tools):
+        if messages and "Summarise this conversation" in str(messages[-1].get("content")):
+            return "a short summary"
+        return "done"
+
+    return Agent("bench-compact", "Benchmark agent.", ScriptedModel(script, chunk=4096, record=False),
+                 compact_at_tokens=400, keep_recent=4)
+
+
+async def window_turn_cpu(rt: Runtime, conv: str, n_messages: int, turns: int) -> float:
+    """CPU ms per plain turn in a compacted conversation of ``n_messages`` messages."""
+    t = rt.store.transcripts
+    await t.create(rt.owner, conv)
+    for lo in range(0, n_messages, 1_000):
+        await t.append(rt.owner, conv, [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": f"message {i}"}]}
+            for i in range(lo, min(n_messages, lo + 1_000))])
+    agent = make_compacting_agent()
+    assert (await rt.run(agent, conv, "compact first")).ok  # past the threshold: compacts once
+    cpu0 = time.process_time()
+    for i in range(turns):
+        assert (await rt.run(agent, conv, f"turn {i}")).ok
+    return (time.process_time() - cpu0) / turns * 1e3
 
 
 def _one_write(i: int):
@@ -155,6 +190,14 @@ async def bench(data: str, seq_turns: int, conc_turns: int) -> dict:
             fsyncs_per_turn_conc=round((s3["fsyncs"] - s2["fsyncs"]) / total, 2),
             bytes_per_turn_conc=round((s3["bytes"] - s2["bytes"]) / total),
             conc_cpu_ms_per_turn=round(cpu_s / total * 1e3, 2),
+        )
+        short_ms = await window_turn_cpu(rt, "window-short", SHORT_CONVERSATION, WINDOW_TURNS)
+        long_ms = await window_turn_cpu(rt, "window-long", LONG_CONVERSATION, WINDOW_TURNS)
+        out.update(
+            long_conversation=LONG_CONVERSATION,
+            long_conv_turn_cpu_ms=round(long_ms, 2),
+            short_conv_turn_cpu_ms=round(short_ms, 2),
+            long_vs_short_turn_cpu=round(long_ms / short_ms, 2),
         )
     out["vs_langgraph_seq"] = round(out["seq_turns_per_s"] / PEERS["langgraph_sqlite_seq_turns_per_s"], 2)
     out["vs_dbos_seq"] = round(out["seq_turns_per_s"] / PEERS["dbos_sqlite_seq_turns_per_s"], 2)

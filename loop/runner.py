@@ -62,6 +62,8 @@ from .pricing import FREE, cost_micros, estimate_cost_micros, model_label
 from .schema import validate
 from .stream import FLUSH_INTERVAL, PartCoalescer
 
+from .store import MAX_CALL_ID_BATCH
+
 if TYPE_CHECKING:
     from .runtime import Runtime
     from .store import Claim
@@ -912,6 +914,9 @@ class Runner:
         # The call ids leaving the window (before the new cut) are recorded with the mark's move,
         # so later claims, which read from the mark on, still see them (_unique_call_ids).
         leaving = {c["id"] for m in self.messages[:cut - self.base] for c in M.tool_calls_of(m)}
+        if len(leaving) > MAX_CALL_ID_BATCH:  # a long unmarked history: too many for one commit
+            await self.store.note_call_ids_now(self.owner, self.conv, leaving)
+            leaving = set()
 
         async def extra(tr: Any, s: LoopState) -> None:
             if usage:

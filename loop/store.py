@@ -40,7 +40,11 @@ __all__ = ["Store", "Claim", "DEFAULT_LEASE_SECONDS", "ApprovalError"]
 # over quickly, long enough that renewals (every third of it) are cheap.
 DEFAULT_LEASE_SECONDS = 10.0
 
-assert DEFAULT_LEASE_SECONDS > 0
+# Call ids recorded per transaction (loop keyspace "ci"; ~100 bytes each): a compaction
+# records up to this many in its own transaction, more in batches before it.
+MAX_CALL_ID_BATCH = 5_000
+
+assert DEFAULT_LEASE_SECONDS > 0 and 0 < MAX_CALL_ID_BATCH * 200 < kv.limits.TRANSACTION_SIZE_LIMIT // 2
 
 
 def token_source() -> Callable[[], bytes]:
@@ -198,6 +202,21 @@ class Store:
         Blind sets of empty values: idempotent."""
         for c in call_ids:
             tr.set(self.loop_keys.call_id_used(owner, conv, c), b"")
+
+    async def note_call_ids_now(self, owner: str, conv: str, call_ids: set[str]) -> None:
+        """The same in transactions of their own, MAX_CALL_ID_BATCH ids each: for a first
+        compaction of a long unmarked history, whose ids would not fit the compaction's own
+        transaction. Idempotent blind sets of a true fact (each id *is* in the transcript),
+        so writing them before the mark moves, or from a worker that lost its lease, is
+        harmless: an indexed id is only ever a reason to rename a new one."""
+        ids = sorted(call_ids)
+        for i in range(0, len(ids), MAX_CALL_ID_BATCH):
+            batch = set(ids[i:i + MAX_CALL_ID_BATCH])
+
+            async def fn(tr: Any, batch: set[str] = batch) -> None:  # idempotent: blind sets
+                self.note_call_ids(tr, owner, conv, batch)
+
+            await self.db.transact(fn)
 
     async def read_transcript(self, owner: str, conv: str, start: int = 0) -> list[dict[str, Any]]:
         try:

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from loop import Agent, Runtime, ScriptedModel, tool
+from loop import store as loop_store
 from loop import messages as M
 from loop.compaction import SUMMARY_PREFIX, model_context
 from loop.providers import reply, tool_call
@@ -189,11 +190,27 @@ async def test_the_transcript_mark_moves_only_forward_with_its_append():
         await db.close()
 
 
-async def test_call_ids_stay_unique_in_the_whole_transcript_though_claims_read_only_the_window(monkeypatch):
+@pytest.mark.parametrize("batch", [None, 1])
+async def test_call_ids_stay_unique_in_the_whole_transcript_though_claims_read_only_the_window(batch, monkeypatch):
     """A model that numbers its calls per response (``call_0`` every time, as local servers do):
     the ids before the mark are not in memory, but the compactions recorded them, so every id
     in the whole transcript stays unique (results pair with their calls) while claims still
-    read only the window."""
+    read only the window. (``batch=1``: the ids are recorded in transactions of their own
+    before the compaction's, as for a long unmarked history.)"""
+    if batch is not None:
+        import loop.runner
+        import loop.store
+
+        monkeypatch.setattr(loop.runner, "MAX_CALL_ID_BATCH", batch)
+        monkeypatch.setattr(loop.store, "MAX_CALL_ID_BATCH", batch)
+    early = []
+    real_now = loop_store.Store.note_call_ids_now
+
+    async def note_now(self, owner, conv, ids):
+        early.append(len(ids))
+        return await real_now(self, owner, conv, ids)
+
+    monkeypatch.setattr(loop_store.Store, "note_call_ids_now", note_now)
 
     @tool
     def noop() -> str:
@@ -207,11 +224,11 @@ async def test_call_ids_stay_unique_in_the_whole_transcript_though_claims_read_o
             return "done " + "d" * 300
         return reply("calling", tool_call("noop", id="call_0"))
 
-    agent = Agent("u", model=ScriptedModel(script), tools=[noop], compact_at_tokens=200, keep_recent=2)
+    agent = Agent("u", model=ScriptedModel(script), tools=[noop], compact_at_tokens=500, keep_recent=2)
     async with Runtime.open("memory:") as rt:
         await long_conversation(rt, "ids", n=300)
         spy = ReadSpy(monkeypatch)
-        for i in range(6):
+        for i in range(8):
             spy.read = 0
             out = await rt.run(agent, "ids", f"turn {i} " + "t" * 300)
             assert out.ok, out
@@ -221,4 +238,9 @@ async def test_call_ids_stay_unique_in_the_whole_transcript_though_claims_read_o
         assert sum(m["role"] == "compaction" for m in msgs) >= 3
         calls = [c["id"] for m in msgs for c in M.tool_calls_of(m)]
         results = [p["call_id"] for m in msgs if m["role"] == "tool" for p in m["content"]]
-        assert len(calls) == 6 and len(set(calls)) == 6 and sorted(calls) == sorted(results)
+        assert len(calls) == 8 and len(set(calls)) == 8 and sorted(calls) == sorted(results)
+        keys = rt.store.loop_keys
+        indexed = [c for c in calls if await rt.db.transact(
+            lambda tr, c=c: tr.get(keys.call_id_used(rt.owner, "ids", c))) is not None]
+        assert len(indexed) >= 3  # the ids before the mark are recorded
+        assert (batch is None) == (not early), early

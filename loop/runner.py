@@ -897,7 +897,10 @@ class Runner:
         usage = self._priced(summary_msg.get("usage") or {})
         st = self.state
         assert st is not None
-        step = f"compact-{st.model_calls + 1}-{st.compactions + 1}"
+        # The usage step is named by where the entry lands: unique per compaction of the run (a
+        # threshold compaction and an overflow one in the same model step had one name, and the
+        # second's usage was refused as a conflicting record: lost, and the turn aborted).
+        step = f"compact@{self.head}"
 
         def mutate(s: LoopState) -> None:
             if reason == "overflow":

@@ -244,7 +244,7 @@ async def test_the_compaction_summariser_is_priced_and_counted():
         for e in await all_events(rt, "c"):
             if e.type == "usage.updated":
                 steps[(e.data["run_id"], e.data["step"])] = e.data["usage"]["cost_micros"]
-        compact_steps = [k for k in steps if k[1].startswith("compact-")]
+        compact_steps = [k for k in steps if k[1].startswith("compact@")]
         assert len(compact_steps) == len(summaries)
         assert all(steps[k] == 400 + 40 for k in compact_steps)
         assert all(v == 50 + 120 for k, v in steps.items() if k[1].startswith("model-"))
@@ -341,3 +341,35 @@ def test_inspect_shows_a_runs_cost_beside_its_tokens(tmp_path, capsys):
     assert main(["inspect", "--data", str(data), "--json", "main"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["runs"][0]["usage"]["cost_micros"] == 300
+
+
+async def test_a_threshold_and_an_overflow_compaction_in_one_step_both_count():
+    """Both compactions of one model step record their usage and cost (they shared one usage
+    step name, so the second was refused as a conflicting record: lost, and the turn aborted)."""
+    price = Price(input_tokens=1_000_000, output_tokens=1_000_000)
+    state = {"overflowed": False}
+
+    def script(messages, tools):
+        if messages and "Summarise this conversation" in M.text_of(messages[-1]):
+            return reply("short summary", usage=Usage(100 + len(messages[-1]["content"][0]["text"]) % 7, 5))
+        if not state["overflowed"] and M.text_of(messages[-1]).startswith("now"):
+            state["overflowed"] = True
+            from loop.providers import overflow
+
+            return overflow()
+        return reply("ok " + "x" * 200, usage=Usage(50, 60))
+
+    agent = Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2)
+    async with Runtime.open("memory:", pricing={"scripted": price}) as rt:
+        for i in range(3):
+            assert (await rt.run(agent, "c", f"question {i} " + "y" * 100)).ok
+        out = await rt.run(agent, "c", "now " + "z" * 100)
+        assert out.ok and state["overflowed"]
+        assert (await rt.get_run(out.run_id)).attempt == 1  # no aborted turn
+        steps = {e.data["step"]: e.data["usage"] for e in await all_events(rt, "c")
+                 if e.type == "usage.updated" and e.data["run_id"] == out.run_id}
+        compactions = [k for k in steps if k.startswith("compact@")]
+        assert len(compactions) >= 2, steps
+        totals = await rt.usage(out.run_id)
+        assert totals["cost_micros"] == sum(u["cost_micros"] for u in steps.values())
+        assert totals["input_tokens"] == sum(u["input_tokens"] for u in steps.values())

@@ -60,9 +60,8 @@ from .errors import (
 from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, CALL_DONE, CALL_STARTED, LoopState
 from .pricing import FREE, cost_micros, estimate_cost_micros, model_label
 from .schema import validate
-from .stream import FLUSH_INTERVAL, PartCoalescer
-
 from .store import MAX_CALL_ID_BATCH
+from .stream import FLUSH_INTERVAL, PartCoalescer
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -330,7 +329,8 @@ class Runner:
         abandoned instead (returns False; the loop then finalises as cancelled).
 
         ``events`` may be a function of the first appended message's sequence
-        number; ``mark`` moves the transcript's mark with the append (a compaction).  Guard: the state's ``ver`` must be what this runner last
+        number; ``mark`` moves the transcript's mark with the append (a
+        compaction).  Guard: the state's ``ver`` must be what this runner last
         wrote; a matching ``tok`` at ``ver + 1`` means an earlier attempt of
         this very transaction committed (1021), and nothing is applied twice.
 
@@ -1200,9 +1200,9 @@ def _dangling_results(
     """Synthetic error results for every tool call from ``start`` on that has none.
 
     A result answers the latest earlier call with its id that has none, so an id reused
-    after its call was answered (local servers number calls per response; call ids are
-    unique within a window, not necessarily a whole history, which a fork reads) leaves
-    neither call looking answered wrongly."""
+    after its call was answered leaves neither call looking answered wrongly (the runner
+    keeps new ids unique, see _unique_call_ids, but a history may hold repeats it did not
+    write: local servers number calls per response)."""
     calls: list[dict[str, Any] | None] = []
     open_: dict[str, list[int]] = {}  # call id -> indices in ``calls`` still without a result
     for m in messages[start:]:

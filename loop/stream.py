@@ -9,6 +9,17 @@ the runner flushes the pending items in one transaction every
 finished message), so a fast answer costs no extra commit at all and a slow
 one costs a few per second.  Order is never changed: items are flushed in
 the order they were produced.
+
+Reasoning (a model's extended thinking) is journaled too, as parts of kind
+``thinking`` whose text rides in a ``thinking`` field (not ``text``), coalesced
+like text: a model may think for a minute before its first answer token, and a
+client that shows nothing meanwhile looks stuck, so the stream is worth
+showing; the separate field keeps clients that only know ``text`` (the CLI)
+from printing reasoning as if it were the answer.  A ``redacted_thinking``
+block is journaled as a bare ``part.added`` (its data is opaque and useless to
+a client), so part numbers stay in step with the message's parts.  Signatures
+are not journaled as parts; the persisted message (``message.added``, the
+transcript) holds them.
 """
 
 from __future__ import annotations
@@ -17,7 +28,16 @@ from typing import Any
 
 from sessions import events as E
 
-from .providers.base import Finish, StreamEvent, TextDelta, ToolCallDelta, ToolCallStart
+from .providers.base import (
+    Finish,
+    RedactedThinking,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ThinkingSignature,
+    ToolCallDelta,
+    ToolCallStart,
+)
 
 __all__ = ["PartCoalescer", "FLUSH_INTERVAL", "MAX_PENDING_CHARS"]
 
@@ -39,6 +59,7 @@ class PartCoalescer:
         self.pending_chars = 0
         self._part_of_text: dict[int, int] = {}
         self._part_of_call: dict[int, int] = {}
+        self._part_of_thinking: dict[int, int] = {}
         self._last_text_index: int | None = None
         self._last_part: int | None = None
         self.parts = 0
@@ -62,6 +83,21 @@ class PartCoalescer:
                 self._delta(part, "arguments", ev.arguments)
         elif isinstance(ev, Finish):
             pass
+        elif isinstance(ev, ThinkingDelta):
+            if not ev.text:
+                return
+            part = self._part_of_thinking.get(ev.index)
+            if part is None:
+                part = self._new_part({"kind": "thinking"})
+                self._part_of_thinking[ev.index] = part
+            self._delta(part, "thinking", ev.text)
+        elif isinstance(ev, ThinkingSignature):
+            # Not journaled, but a block signed before any text (an empty thinking block)
+            # still takes its part number, as it takes a part in the message.
+            if ev.index not in self._part_of_thinking:
+                self._part_of_thinking[ev.index] = self._new_part({"kind": "thinking"})
+        elif isinstance(ev, RedactedThinking):
+            self._new_part({"kind": "redacted_thinking"})
 
     def _new_part(self, extra: dict[str, Any]) -> int:
         part = self.parts

@@ -6,6 +6,21 @@ events ``message_start`` (usage.input_tokens), ``content_block_start``
 (``text_delta`` / ``input_json_delta``), ``content_block_stop``,
 ``message_delta`` (stop_reason, cumulative usage.output_tokens),
 ``message_stop``, ``ping`` and ``error`` (e.g. ``overloaded_error`` mid-stream).
+
+Extended thinking (https://docs.anthropic.com/en/docs/build-with-claude/extended-thinking,
+"Streaming thinking" and "Preserving thinking blocks"): ``thinking_budget=N`` sends
+``"thinking": {"type": "enabled", "budget_tokens": N}`` (N >= 1024 and below
+``max_tokens``, as the API requires).  The stream then opens ``thinking`` blocks
+(``content_block_start`` with ``{"type": "thinking", "thinking": ""}``) filled by
+``thinking_delta`` (``delta.thinking``) and closed by one ``signature_delta``
+(``delta.signature``) just before ``content_block_stop``; a block the safety systems
+encrypted arrives whole as ``{"type": "redacted_thinking", "data": ...}`` in its
+``content_block_start``.  They come before the text and tool_use blocks.  With tools,
+the next request must carry that assistant turn's ``thinking`` blocks (``thinking``
+and ``signature`` unmodified) and ``redacted_thinking`` blocks (``data``) first in its
+content, or the API answers 400; :func:`to_anthropic_messages` does so from the
+``thinking`` / ``redacted_thinking`` parts the loop persisted (loop.providers.base).
+Earlier turns' thinking may be sent too: the API strips it from the context itself.
 """
 
 from __future__ import annotations
@@ -22,8 +37,11 @@ from .base import (
     STOP_MAX_TOKENS,
     STOP_TOOL_USE,
     Finish,
+    RedactedThinking,
     StreamEvent,
     TextDelta,
+    ThinkingDelta,
+    ThinkingSignature,
     ToolCallDelta,
     ToolCallStart,
     ToolSpec,
@@ -31,10 +49,22 @@ from .base import (
 )
 from .http import HTTPProvider
 
-__all__ = ["AnthropicProvider", "to_anthropic_messages", "ANTHROPIC_VERSION", "DEFAULT_ANTHROPIC_BASE_URL"]
+__all__ = [
+    "AnthropicProvider",
+    "to_anthropic_messages",
+    "ANTHROPIC_VERSION",
+    "DEFAULT_ANTHROPIC_BASE_URL",
+    "MIN_THINKING_BUDGET",
+]
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+# The smallest ``budget_tokens`` the API accepts for extended thinking.
+MIN_THINKING_BUDGET = 1024
+
+assert 0 < MIN_THINKING_BUDGET
+# Reasoning parts, passed back verbatim (and first in their assistant turn).
+_THINKING_TYPES = ("thinking", "redacted_thinking")
 
 _STOP = {"end_turn": STOP_END, "stop_sequence": STOP_END, "tool_use": STOP_TOOL_USE, "max_tokens": STOP_MAX_TOKENS}
 
@@ -57,10 +87,17 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             wire_role = "user"
         elif role == "assistant":
             for p in m.get("content") or ():
-                if p.get("type") == "text" and p.get("text"):
-                    blocks.append({"type": "text", "text": p["text"]})
-                elif p.get("type") == "tool_call":
+                ptype = p.get("type")
+                if ptype == "text":
+                    if p.get("text"):
+                        blocks.append({"type": "text", "text": p["text"]})
+                elif ptype == "tool_call":
                     blocks.append({"type": "tool_use", "id": p["id"], "name": p["name"], "input": p.get("arguments") or {}})
+                elif ptype == "thinking":
+                    # Unmodified: the signature covers the text.  (Stream order put it first.)
+                    blocks.append({"type": "thinking", "thinking": p.get("thinking", ""), "signature": p.get("signature", "")})
+                elif ptype == "redacted_thinking":
+                    blocks.append({"type": "redacted_thinking", "data": p.get("data", "")})
             wire_role = "assistant"
         elif role == "tool":
             for p in m.get("content") or ():
@@ -77,8 +114,12 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         if out and out[-1]["role"] == wire_role:
             prev = out[-1]["content"]
             merged = prev + blocks
-            # tool_result blocks first within a user turn
-            merged.sort(key=lambda b: 0 if b["type"] == "tool_result" else 1)
+            if wire_role == "user":
+                # tool_result blocks first within a user turn
+                merged.sort(key=lambda b: 0 if b["type"] == "tool_result" else 1)
+            elif any(b["type"] in _THINKING_TYPES for b in blocks):
+                # two assistant messages in a row (rare): reasoning must still lead the turn
+                merged.sort(key=lambda b: 0 if b["type"] in _THINKING_TYPES else 1)
             out[-1]["content"] = merged
         else:
             out.append({"role": wire_role, "content": blocks})
@@ -89,11 +130,25 @@ class AnthropicProvider(HTTPProvider):
     kind = "anthropic"
     api_key_env = "ANTHROPIC_API_KEY"
 
-    def __init__(self, model: str, *, base_url: str | None = None, **kw: Any) -> None:
+    def __init__(self, model: str, *, base_url: str | None = None, thinking_budget: int | None = None, **kw: Any) -> None:
+        """``thinking_budget``: enable extended thinking with this many ``budget_tokens``
+        (an int >= :data:`MIN_THINKING_BUDGET`, below ``max_tokens``; None: off)."""
         import os
 
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL
         super().__init__(model, base_url=base, **kw)
+        if thinking_budget is not None:
+            if isinstance(thinking_budget, bool) or not isinstance(thinking_budget, int):
+                raise ValueError(f"thinking_budget must be an int, not {type(thinking_budget).__name__}")
+            if thinking_budget < MIN_THINKING_BUDGET:
+                raise ValueError(f"thinking_budget {thinking_budget} is below the API's minimum of {MIN_THINKING_BUDGET} tokens")
+            mt = self.max_tokens or DEFAULT_MAX_TOKENS
+            if thinking_budget >= mt:
+                raise ValueError(
+                    f"thinking_budget {thinking_budget} must be less than max_tokens {mt} "
+                    f"(the budget is part of max_tokens; pass a larger max_tokens=)"
+                )
+        self.thinking_budget = thinking_budget
 
     def _headers(self) -> dict[str, str]:
         h = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
@@ -112,6 +167,14 @@ class AnthropicProvider(HTTPProvider):
         }
         if system:
             body["system"] = system
+        if self.thinking_budget is not None:
+            if self.thinking_budget >= body["max_tokens"]:
+                # a per-call max_tokens (the agent's) below the budget: the API would answer 400
+                raise PermanentProviderError(
+                    f"thinking_budget {self.thinking_budget} must be less than max_tokens {body['max_tokens']}",
+                    provider=self.name,
+                )
+            body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         if tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
         return body
@@ -127,7 +190,7 @@ class AnthropicProvider(HTTPProvider):
         body = self.request_body(system=system, messages=messages, tools=tools, max_tokens=max_tokens)
         usage: dict[str, int] = {}
         stop_reason: str | None = None
-        kinds: dict[int, str] = {}  # content block index -> "text" | "tool_use" | other
+        kinds: dict[int, str] = {}  # content block index -> "text" | "tool_use" | "thinking" | other
         async with aclosing(self._post_sse("/v1/messages", body)) as events:
             async for sse in events:
                 if not sse.data:
@@ -151,6 +214,13 @@ class AnthropicProvider(HTTPProvider):
                         initial = block.get("input")
                         if initial:  # normally {} with the arguments following as deltas
                             yield ToolCallDelta(idx, json.dumps(initial))
+                    elif kinds[idx] == "thinking":
+                        if block.get("thinking"):  # normally "" with the text following as deltas
+                            yield ThinkingDelta(str(block["thinking"]), idx)
+                        if block.get("signature"):
+                            yield ThinkingSignature(idx, str(block["signature"]))
+                    elif kinds[idx] == "redacted_thinking":
+                        yield RedactedThinking(idx, str(block.get("data", "")))
                 elif etype == "content_block_delta":
                     idx = int(data.get("index", 0))
                     delta = data.get("delta") or {}
@@ -163,7 +233,14 @@ class AnthropicProvider(HTTPProvider):
                             raise PermanentProviderError(f"input_json_delta for non-tool block {idx}", provider=self.name)
                         if delta.get("partial_json"):
                             yield ToolCallDelta(idx, delta["partial_json"])
-                    # thinking_delta / signature_delta: not part of the transcript here
+                    elif dtype == "thinking_delta" or dtype == "signature_delta":
+                        if kinds.get(idx) != "thinking":
+                            raise PermanentProviderError(f"{dtype} for non-thinking block {idx}", provider=self.name)
+                        if dtype == "thinking_delta":
+                            if delta.get("thinking"):
+                                yield ThinkingDelta(delta["thinking"], idx)
+                        elif delta.get("signature"):
+                            yield ThinkingSignature(idx, delta["signature"])
                 elif etype == "message_delta":
                     stop_reason = (data.get("delta") or {}).get("stop_reason") or stop_reason
                     _merge_usage(usage, data.get("usage"))

@@ -10,6 +10,17 @@ format, so the loop (journal coalescing, tool dispatch, usage) is written once:
 * :class:`ToolCallDelta` — a piece of that call's JSON arguments.
 * :class:`Finish` — the call ended: stop reason and usage.
 
+and, only from a model that reasons visibly (Anthropic's extended thinking):
+
+* :class:`ThinkingDelta` — a piece of a reasoning block's text.
+* :class:`ThinkingSignature` — the opaque signature that closes a reasoning block.
+* :class:`RedactedThinking` — a whole reasoning block the provider encrypted.
+
+Reasoning is kept in the assistant message as ``thinking`` / ``redacted_thinking``
+parts, in stream order, because a provider may require them back verbatim on the
+next request (Anthropic answers 400 otherwise when tools are in use); providers
+that have no such notion ignore these parts.
+
 :func:`stream_model` wraps a provider's stream and enforces the one rule the
 retry policy relies on: an error raised *after* any output event becomes a
 :class:`StreamBrokenError` (never retried, because the output was seen).
@@ -32,6 +43,9 @@ __all__ = [
     "ToolCallStart",
     "ToolCallDelta",
     "Finish",
+    "ThinkingDelta",
+    "ThinkingSignature",
+    "RedactedThinking",
     "StreamEvent",
     "ToolSpec",
     "Provider",
@@ -120,7 +134,31 @@ class Finish:
     raw_stop_reason: str | None = None
 
 
-StreamEvent = Union[TextDelta, ToolCallStart, ToolCallDelta, Finish]
+@dataclass(frozen=True)
+class ThinkingDelta:
+    """A piece of the text of reasoning block ``index`` (consecutive pieces extend it)."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class ThinkingSignature:
+    """The signature of reasoning block ``index``: opaque, sent back unmodified."""
+
+    index: int
+    signature: str
+
+
+@dataclass(frozen=True)
+class RedactedThinking:
+    """A reasoning block the provider encrypted (``data`` opaque, sent back unmodified)."""
+
+    index: int
+    data: str
+
+
+StreamEvent = Union[TextDelta, ToolCallStart, ToolCallDelta, Finish, ThinkingDelta, ThinkingSignature, RedactedThinking]
 
 
 @dataclass(frozen=True)
@@ -154,9 +192,11 @@ class Provider(Protocol):
 
 
 def _is_output(ev: StreamEvent) -> bool:
-    return isinstance(ev, (TextDelta, ToolCallStart, ToolCallDelta)) and (
-        not isinstance(ev, TextDelta) or bool(ev.text)
-    )
+    """Whether ``ev`` is something the caller has seen of the answer (reasoning counts:
+    it is journaled and billed, so a retry after it would not be invisible)."""
+    if isinstance(ev, (TextDelta, ThinkingDelta)):
+        return bool(ev.text)
+    return isinstance(ev, (ToolCallStart, ToolCallDelta, ThinkingSignature, RedactedThinking))
 
 
 async def stream_model(
@@ -210,6 +250,7 @@ class ResponseBuilder:
     def __init__(self) -> None:
         self._parts: list[dict[str, Any]] = []  # in stream order
         self._last_text_index: int | None = None
+        self._thinking_at: dict[int, dict[str, Any]] | None = None  # reasoning block index -> its part (made on first use)
         self._call_at: dict[int, int] = {}  # tool call index -> part position
         self._args: dict[int, list[str]] = {}
         self.finish: Finish | None = None
@@ -233,6 +274,26 @@ class ResponseBuilder:
             self._args[ev.index].append(ev.arguments)
         elif isinstance(ev, Finish):
             self.finish = ev
+        elif isinstance(ev, (ThinkingDelta, ThinkingSignature)):
+            part = self._thinking_part(ev.index)
+            if isinstance(ev, ThinkingDelta):
+                part["thinking"] += ev.text
+            else:
+                # Latest wins, as in Anthropic's own SDK (one signature_delta closes a block).
+                part["signature"] = ev.signature
+        elif isinstance(ev, RedactedThinking):
+            self._parts.append({"type": "redacted_thinking", "data": ev.data})
+
+    def _thinking_part(self, index: int) -> dict[str, Any]:
+        """The ``thinking`` part of reasoning block ``index``, appended (in stream order) on first use."""
+        if self._thinking_at is None:
+            self._thinking_at = {}
+        part = self._thinking_at.get(index)
+        if part is None:
+            part = {"type": "thinking", "thinking": "", "signature": ""}
+            self._thinking_at[index] = part
+            self._parts.append(part)
+        return part
 
     @property
     def text(self) -> str:
@@ -245,6 +306,9 @@ class ResponseBuilder:
             if p["type"] == "text":
                 if p["text"]:
                     parts.append(dict(p))
+                continue
+            if p["type"] != "tool_call":  # reasoning parts, kept whole and in place
+                parts.append(dict(p))
                 continue
             idx = next(i for i, pos in self._call_at.items() if self._parts[pos] is p)
             raw = "".join(self._args[idx])

@@ -45,6 +45,7 @@ class ThinkingReply(FakeReply):
 
     thinking: Sequence[tuple[str, ...]] = ()
     pause: float = 0.0
+    thinking_chunk: int = 7  # characters per thinking_delta
 
 
 def thinking_events(r: ThinkingReply) -> list[Any]:
@@ -59,7 +60,7 @@ def thinking_events(r: ThinkingReply) -> list[Any]:
             _, text, sig = block
             ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
                                                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
-            for piece in _split(text, 7):
+            for piece in _split(text, r.thinking_chunk):
                 ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
                                                        "delta": {"type": "thinking_delta", "thinking": piece}}))
             ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
@@ -378,3 +379,20 @@ async def test_thinking_delta_for_a_text_block_is_refused(server):
                 pass
         await p.aclose()
         n.cancel_scope.cancel()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "loop/runner.py _approx_size (not this change's file) ignores a thinking part's text, so a "
+    "message with > ~90 KB of reasoning goes whole into message.added and the journal refuses it "
+    "(TooLarge), aborting the turn. Fix: count p['thinking'], p['signature'], p['data'] there; "
+    "then remove this marker."))
+async def test_long_reasoning_fits_the_journal(server, autojump_clock):
+    """Reasoning of ~30k tokens (a common budget) must not abort the turn."""
+    big = "step. " * 20_000  # 120,000 characters
+    server.enqueue(ThinkingReply("ok", thinking=[("thinking", big, SIG)], thinking_chunk=4000))
+    agent = Agent("w", "", anthropic(server, thinking_budget=32_000, max_tokens=40_000))
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "long", "think hard")
+        assert out.ok and out.result == "ok"
+        msgs = await rt.transcript("long")
+    assert msgs[1]["content"][0]["thinking"] == big

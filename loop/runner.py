@@ -1151,7 +1151,9 @@ def _approx_size(m: dict[str, Any]) -> int:
     """A cheap upper-ish estimate of a message's encoded size (texts, arguments, results)."""
     n = 64
     for p in m.get("content") or ():
-        n += 48 + len(p.get("text") or "") + len(p.get("content") or "")
+        # (reasoning parts too: thinking text, its signature, a redacted block's data)
+        n += (48 + len(p.get("text") or "") + len(p.get("content") or "") + len(p.get("thinking") or "")
+              + len(p.get("signature") or "") + len(p.get("data") or ""))
         if p.get("arguments"):
             n += len(json.dumps(p["arguments"], default=str))
     if "error" in m or "summary" in m:

@@ -381,11 +381,6 @@ async def test_thinking_delta_for_a_text_block_is_refused(server):
         n.cancel_scope.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loop/runner.py _approx_size (not this change's file) ignores a thinking part's text, so a "
-    "message with > ~90 KB of reasoning goes whole into message.added and the journal refuses it "
-    "(TooLarge), aborting the turn. Fix: count p['thinking'], p['signature'], p['data'] there; "
-    "then remove this marker."))
 async def test_long_reasoning_fits_the_journal(server, autojump_clock):
     """Reasoning of ~30k tokens (a common budget) must not abort the turn."""
     big = "step. " * 20_000  # 120,000 characters

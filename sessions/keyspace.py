@@ -22,8 +22,10 @@ Key (under root["s"])                       Value
 ("o", T, "jn", conv, "w")                   12 bytes: position of the last trimmed event (the
                                             retention watermark; cursors <= it fell behind)
 ("o", T, "ss", sid, "h")                    CBOR head {"owner", "n", "base", "seg", "tok",
-                                            "staging"}: message count, fork segments, last
-                                            append token; absent = no session
+                                            "staging", "mark"}: message count, fork segments,
+                                            last append token, where a reader of the recent
+                                            history starts (Transcripts.read_tail_tr; the
+                                            loop's latest compaction cut); absent = no session
 ("o", T, "ss", sid, "meta")                 CBOR metadata {"owner", "id", "created", "project",
                                             "parent", "fork_at", "title", "extra"}
 ("o", T, "ss", sid, "m", seq, chunk)        bytes: chunk ``chunk`` of message ``seq``'s CBOR

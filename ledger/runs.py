@@ -57,6 +57,7 @@ from sessions.owners import MAX_OWNER_PART, OwnerLike, as_tag
 
 from .errors import ConversationBusy, LeaseLost, NotFound, SubmissionConflict
 from .keyspace import LedgerKeyspace
+from .usage import check_limits
 
 log = logging.getLogger(__name__)
 
@@ -343,6 +344,7 @@ class Ledger:
         tag = as_tag(owner)
         _check_id("submission id", submission_id)
         check_conversation_id(conversation)
+        limits = check_limits(limits)
         if policy not in POLICIES:
             raise ValueError(f"policy is one of {POLICIES}")
         if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
@@ -441,6 +443,7 @@ class Ledger:
         """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
         sid = submission_id or self.new_id()
         tag = as_tag(owner)
+        limits = check_limits(limits)  # before the transaction: a bad one writes nothing
         encoded = encode_request(delivery, result_schema)
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=tag, conversation=conversation, policy=policy,
@@ -476,6 +479,7 @@ class Ledger:
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         sid = submission_id or self.new_id()
+        limits = check_limits(limits)
         claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
         if encoded is None:
             encoded = encode_request(delivery, result_schema)

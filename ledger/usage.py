@@ -17,6 +17,7 @@ reservation holds nothing: one run makes one model call at a time.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Mapping
 
 from sessions.codec import dumps, loads, pack_i64, unpack_i64
@@ -26,12 +27,41 @@ from .errors import UsageConflict, UsageLimitExceeded
 if TYPE_CHECKING:
     from .runs import Lease, Ledger
 
-__all__ = ["UsageBook", "TOTAL_TOKENS", "MAX_USAGE_FIELDS"]
+__all__ = ["UsageBook", "TOTAL_TOKENS", "MAX_USAGE_FIELDS", "check_limits"]
 
 #: Derived field: input_tokens + output_tokens.
 TOTAL_TOKENS = "total_tokens"
 MAX_USAGE_FIELDS = 32
 MAX_STEP_ID = 512
+
+
+_LIMIT_NAME = re.compile(r"^max_[a-z][a-z0-9_]{0,62}$")
+
+
+def check_limits(limits: Mapping[str, Any] | None) -> dict[str, int]:
+    """A submission's usage ceilings, checked: ``{"max_<field>": n}`` with ``n`` a
+    non-negative int (``None``: no ceiling, dropped), at most ``MAX_USAGE_FIELDS`` of them.
+
+    Checked before the submitting transaction, so a bad ceiling is a clear
+    ``ValueError`` naming it and nothing is written (a ceiling that is not an int
+    would otherwise be stored and only fail the run's first reserve).
+    """
+    if limits is None:
+        return {}
+    if not isinstance(limits, Mapping):
+        raise ValueError(f"limits must be a mapping of max_<field> to an int, got {type(limits).__name__}")
+    if len(limits) > MAX_USAGE_FIELDS:
+        raise ValueError(f"at most {MAX_USAGE_FIELDS} usage limits")
+    out: dict[str, int] = {}
+    for name, ceiling in limits.items():
+        if not isinstance(name, str) or not _LIMIT_NAME.match(name):
+            raise ValueError(f"bad usage limit name {name!r}: max_ and a usage field, e.g. max_total_tokens")
+        if ceiling is None:
+            continue
+        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling < 0:
+            raise ValueError(f"usage limit {name!r} must be a non-negative int, got {ceiling!r}")
+        out[name] = ceiling
+    return out
 
 
 def _check_usage(usage: Mapping[str, int]) -> dict[str, int]:

@@ -61,6 +61,7 @@ from .errors import (
 )
 from .providers import EchoModel, ScriptedModel, make_provider, parse_model_spec
 from ledger import ConversationBusy, SubmissionConflict
+from ledger.usage import check_limits
 from sessions.errors import CursorBehind
 
 from .pricing import FREE, Price, cost_micros
@@ -105,4 +106,5 @@ __all__ = [
     "Price",
     "FREE",
     "cost_micros",
+    "check_limits",
 ]

@@ -44,6 +44,7 @@ import trio
 
 import kv
 from sessions import events as E
+from ledger.usage import check_limits
 from sessions.errors import NotFound as SessionNotFound
 
 from .agents import Agent
@@ -285,7 +286,9 @@ class Runtime:
 
         This is the earliest point where the run's model is known (the agent is in hand);
         a worker that claims a run submitted elsewhere checks again (``Runner``: the run
-        then fails ``missing_price``), since its own pricing is what enforces it."""
+        then fails ``missing_price``), since its own pricing is what enforces it.  Malformed
+        ceilings are a ``ValueError`` naming them (the ledger's ``check_limits``)."""
+        limits = check_limits(limits)
         if limits and limits.get("max_cost_micros") is not None and self.price_for(agent) is None:
             raise MissingPrice(
                 f"run refused: it has a cost ceiling (max_cost_micros={limits['max_cost_micros']}) but model "

@@ -31,7 +31,10 @@ import trio
 from . import sse
 from .auth import STREAM_TOKEN_SECONDS, Authenticator, Principal
 from .errors import ApiError, error_body, from_exception
+from loop import check_limits
+
 from .limits import (
+    MAX_USAGE_LIMITS,
     MAX_CONVERSATION_ID,
     MAX_IDEMPOTENCY_KEY,
     MAX_ID,
@@ -172,6 +175,15 @@ USER_MESSAGE_SCHEMA = {
             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
     },
 }
+LIMITS_SCHEMA = {
+    "type": "object", "maxProperties": MAX_USAGE_LIMITS,
+    "description": "the run's usage ceilings: max_<usage field> -> a non-negative integer, e.g. "
+                   "max_total_tokens or max_cost_micros (micro-units of currency, priced by the server's "
+                   "pricing; a cost ceiling on a model without a price is refused, 422 unprocessable); "
+                   "a model call that would pass one is refused and the run fails usage_limit",
+    "propertyNames": {"pattern": "^max_[a-z][a-z0-9_]{0,62}$"},
+    "additionalProperties": {"type": ["integer", "null"], "minimum": 0},
+}
 PROJECT_SCHEMA = {
     "type": "object", "required": ["project_id", "name", "created", "agents"],
     "properties": {"project_id": {"type": "string"}, "name": {"type": "string"}, "created": {"type": "number"},
@@ -213,6 +225,7 @@ ROUTES: tuple[Route, ...] = (
                   "message": {"oneOf": [{"type": "string", "minLength": 1}, USER_MESSAGE_SCHEMA]},
                   "result_schema": {"type": "object"},
                   "project_id": _id(MAX_ID),
+                  "limits": LIMITS_SCHEMA,
               },
           },
           headers=(("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
@@ -549,8 +562,17 @@ class Api:
 
     async def submit_message(self, principal: Principal, req: ApiRequest, body: Any) -> ApiResponse:
         conv = _check_id("conversation_id", req.params["conversation_id"], MAX_CONVERSATION_ID)
-        body = _object(body, {"message", "result_schema", "project_id"}, {"message"})
+        body = _object(body, {"message", "result_schema", "project_id", "limits"}, {"message"})
         message = _user_message(body["message"])
+        limits = None
+        if "limits" in body:
+            raw = body["limits"]
+            if isinstance(raw, dict):  # JSON Schema's integers include 5.0 (a JSON number is just a number)
+                raw = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in raw.items()}
+            try:
+                limits = check_limits(raw)
+            except ValueError as e:
+                raise _bad(str(e)) from None
         project_id = None
         agent = self.agent
         if "project_id" in body:
@@ -565,7 +587,7 @@ class Api:
         elif not (0 < len(key) <= MAX_IDEMPOTENCY_KEY and _IDEMPOTENCY_KEY_RE.match(key)):
             raise _bad(f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} printable ASCII characters, no spaces")
         ack = await self.rt.submit(agent, conv, message, submission_id=key, result_schema=schema,
-                                   owner=principal.owner)
+                                   owner=principal.owner, limits=limits or None)
         if project_id is not None:
             await self.projects.add_session(principal.owner, project_id, conv)  # idempotent
         if ack.duplicate:

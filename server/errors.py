@@ -80,6 +80,8 @@ _BY_NAME: dict[str, tuple[str, str | None]] = {
     "InvalidCursor": ("invalid_cursor", "not a cursor this server issued"),
     "InvalidOwner": ("invalid_request", None),
     "TooLarge": ("payload_too_large", None),
+    # a cost ceiling on a model this server has no price for (loop.pricing): well-formed, not runnable
+    "MissingPrice": ("unprocessable", None),
 }
 
 

@@ -29,6 +29,8 @@ MAX_FILENAME = 255
 MAX_INSTRUCTIONS = 32 * KiB
 #: Free-text reasons (approval decisions).
 MAX_REASON = 4_096
+#: Usage ceilings on one submission (ledger.usage.MAX_USAGE_FIELDS, which refuses more).
+MAX_USAGE_LIMITS = 32
 #: Page sizes of list routes.
 DEFAULT_PAGE = 256
 MAX_PAGE = 1_000

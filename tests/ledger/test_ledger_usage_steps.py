@@ -49,6 +49,40 @@ async def test_reserve_past_the_ceiling_is_refused(db):
                                                                            "cost_micros": 1_000}
 
 
+async def _all_keys(db) -> list[bytes]:
+    tr = db.create_transaction()
+    return [r.key for r in await tr.get_range(b"", b"\xff")]
+
+
+@pytest.mark.parametrize("limits, problem", [
+    ({"max_total_tokens": "100"}, "must be a non-negative int"),
+    ({"max_total_tokens": -1}, "must be a non-negative int"),
+    ({"max_total_tokens": 1.5}, "must be a non-negative int"),
+    ({"max_total_tokens": True}, "must be a non-negative int"),
+    ({"total_tokens": 100}, "bad usage limit name"),
+    ({"max_": 100}, "bad usage limit name"),
+    ({"max_Total": 100}, "bad usage limit name"),
+    ({7: 100}, "bad usage limit name"),
+    ([("max_total_tokens", 1)], "must be a mapping"),
+    ({f"max_f{i}": 1 for i in range(33)}, "at most 32"),
+])
+async def test_malformed_limits_are_refused_before_anything_is_written(db, limits, problem):
+    s = Sessions(db)
+    L = Ledger(db, journal=s.journal)
+    before = await _all_keys(db)
+    with pytest.raises(ValueError, match=problem):
+        await L.submit("k", {}, None, owner=OWNER, conversation="c", limits=limits)
+    with pytest.raises(ValueError, match=problem):
+        await L.submit_and_claim("k2", {}, None, owner=OWNER, conversation="c", worker_id="w", limits=limits)
+    assert await _all_keys(db) == before
+
+
+async def test_a_ceiling_of_none_is_no_ceiling(db):
+    L, lease = await _claimed(db, limits={"max_total_tokens": None, "max_cost_micros": 5})
+    assert (await L.get_run(lease.run_id)).limits == {"max_cost_micros": 5}
+    assert await L.usage.reserve(lease.run_id, {"input_tokens": 10**9}) == {"cost_micros": 5}
+
+
 async def test_usage_with_lost_lease_is_refused(db, clock):
     L, lease = await _claimed(db, clock=clock)
     clock.advance(11)

@@ -311,3 +311,37 @@ async def test_message_forms_and_message_cap():
             r = await c.post("/v1/conversations/c/messages", content=b'{"message": "\\udb70"}',
                              headers={"Content-Type": "application/json"})
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+# ---------------------------------------------------------------------------- usage ceilings
+
+
+async def test_usage_ceilings_on_a_submission():
+    """``limits`` on a submission reach the run: a ceiling the first model call would pass fails the run
+    ``usage_limit`` before the call; malformed ceilings are 400 naming them, with nothing stored; a cost
+    ceiling on a model the server has no price for is 422, nothing stored."""
+    from loop import Agent
+
+    async with serving() as s:
+        async with s.client() as c:
+            r = await c.post("/v1/conversations/c/messages", json={"message": "hello", "limits": {"max_total_tokens": 1}})
+            assert r.status_code == 202, r.text
+            run = await wait_settled(c, r.json()["run_id"])
+            assert run["status"] == "failed" and run["outcome"]["error"]["type"] == "usage_limit", run
+            r = await c.post("/v1/conversations/c/messages",
+                             json={"message": "hello", "limits": {"max_total_tokens": 100_000.0, "max_cost_micros": 10}})
+            assert r.status_code == 202  # the offline model is free: a cost ceiling holds (and 100000.0 is an integer)
+            assert (await wait_settled(c, r.json()["run_id"]))["status"] == "completed"
+            for bad, words in [({"max_total_tokens": "9"}, "non-negative int"), ({"tokens": 9}, "bad usage limit name"),
+                               ([1], "mapping"), ({"max_total_tokens": -3}, "non-negative int")]:
+                r = await c.post("/v1/conversations/fresh/messages", json={"message": "x", "limits": bad})
+                assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+                assert words in r.json()["error"]["message"]
+            assert "fresh" not in (await c.get("/v1/conversations")).json()["conversations"]
+    unpriced = Agent("paid", "", "openai:some-model@http://127.0.0.1:9/v1")  # never called: refused first
+    async with serving(agent=unpriced) as s:
+        async with s.client() as c:
+            r = await c.post("/v1/conversations/p/messages", json={"message": "x", "limits": {"max_cost_micros": 5}})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "unprocessable", r.text
+            assert "some-model" in r.json()["error"]["message"] and "price" in r.json()["error"]["message"]
+            assert "p" not in (await c.get("/v1/conversations")).json()["conversations"]

@@ -52,6 +52,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import trio
@@ -214,7 +215,7 @@ class _Job:
 
     def __init__(self, then=None, undo=None) -> None:
         self.done = False
-        self.result = None
+        self.result: Any = None
         self.error: BaseException | None = None
         self.task = None  # the parked waiter, if any
         self.then = then
@@ -887,12 +888,6 @@ def _acquire_directory(path: Path) -> int:
     }
     (path / "HOLDER").write_text(json.dumps(info))
     return fd
-
-
-def open_lmdb_engine(path: str | os.PathLike, *, hooks: FaultHooks | None = None) -> Engine:
-    store = LmdbStore(path)
-    # Wall-clock versions: persisted versions and the clock both move forward across restarts.
-    return Engine(store, clock=time.time, hooks=hooks)
 
 
 def open_lmdb_engine(path: str | os.PathLike, *, hooks: FaultHooks | None = None) -> Engine:

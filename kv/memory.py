@@ -18,13 +18,16 @@ import bisect
 import random
 import time
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from sortedcontainers import SortedList
 
 from .atomic import apply_atomic
 from .engine import Engine, FaultHooks, Mutation
 from .limits import MVCC_WINDOW_VERSIONS
+
+if TYPE_CHECKING:
+    from .database import Database
 
 __all__ = ["MemoryStore", "MemoryEngine"]
 

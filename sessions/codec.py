@@ -35,7 +35,7 @@ def dumps(value: Any) -> bytes:
     return cbor2.dumps(value)
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | memoryview) -> Any:
     return cbor2.loads(data)
 
 

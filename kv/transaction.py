@@ -807,6 +807,11 @@ class Transaction:
 
     async def commit(self) -> None:
         self._check_usable()
+        # A checkpoint before anything is handed over, as every trio operation is: a cancelled
+        # task gets Cancelled here, with nothing sent (after this point a commit is never
+        # abandoned). Without it a task committing in a loop could not be cancelled at all: the
+        # pipeline's waits are uninterruptible and an inline write never yields.
+        await trio.lowlevel.checkpoint_if_cancelled()
         engine = self._engine
         # Values the watches compare against: what this transaction saw or wrote.
         for w in self._watches:

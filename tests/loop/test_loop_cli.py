@@ -58,8 +58,12 @@ def _silent_server() -> tuple[socket.socket, int]:
 def _start_hanging_run(data, port: int, message: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "loop.cli", "run", "--data", str(data), "--lease-seconds", "1",
            "--model", f"openai:m@http://127.0.0.1:{port}/v1", message]
+    # SIGINT back to its default in the child: a test run launched in the background by a shell
+    # without job control (`cmd &` in a script, as CI runners may) inherits it ignored, and then
+    # Python installs no KeyboardInterrupt handler and the Ctrl-C below would never arrive.
     p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "OPENAI_API_KEY": ""})
+                         env={**os.environ, "OPENAI_API_KEY": ""},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = p.stdout.readline()  # "· run xxxx queued"
     assert "queued" in line, (line, p.stderr.read() if p.poll() is not None else "")
     time.sleep(0.5)  # into the model call

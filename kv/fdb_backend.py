@@ -511,6 +511,8 @@ class FDBTransaction:
         from elsewhere, or the run shutting down), the caller gets 1021.
         """
         self._writable()
+        # Cancellable until handed over, as on the embedded engine: Cancelled, nothing sent.
+        await trio.lowlevel.checkpoint_if_cancelled()
         with _mapped():
             fut = self._tr.commit()
         self._commit_started = True

@@ -344,7 +344,7 @@ class Ledger:
         tag = as_tag(owner)
         _check_id("submission id", submission_id)
         check_conversation_id(conversation)
-        limits = check_limits(limits)
+        limits = check_limits(limits)  # (a bad one raises before anything is written)
         if policy not in POLICIES:
             raise ValueError(f"policy is one of {POLICIES}")
         if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
@@ -443,7 +443,6 @@ class Ledger:
         """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
         sid = submission_id or self.new_id()
         tag = as_tag(owner)
-        limits = check_limits(limits)  # before the transaction: a bad one writes nothing
         encoded = encode_request(delivery, result_schema)
         pending = await self.db.transact(lambda tr: self.submit_tr(
             tr, sid, delivery, result_schema, owner=tag, conversation=conversation, policy=policy,
@@ -479,7 +478,6 @@ class Ledger:
         if not 0 < lease_seconds <= MAX_LEASE_SECONDS:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         sid = submission_id or self.new_id()
-        limits = check_limits(limits)
         claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
         if encoded is None:
             encoded = encode_request(delivery, result_schema)

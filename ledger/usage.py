@@ -42,9 +42,10 @@ def check_limits(limits: Mapping[str, Any] | None) -> dict[str, int]:
     """A submission's usage ceilings, checked: ``{"max_<field>": n}`` with ``n`` a
     non-negative int (``None``: no ceiling, dropped), at most ``MAX_USAGE_FIELDS`` of them.
 
-    Checked before the submitting transaction, so a bad ceiling is a clear
-    ``ValueError`` naming it and nothing is written (a ceiling that is not an int
-    would otherwise be stored and only fail the run's first reserve).
+    Checked in the submitting transaction before it writes anything (``submit_tr``),
+    so a bad ceiling is a clear ``ValueError`` naming it and nothing is committed (a
+    ceiling that is not an int would otherwise be stored and only fail the run's first
+    reserve).
     """
     if limits is None:
         return {}

@@ -193,7 +193,8 @@ class Store:
         keys = self.loop_keys
 
         async def fn(tr: Any) -> set[str]:  # read-only
-            return {c for c in call_ids if await tr.get(keys.call_id_used(owner, conv, c)) is not None}
+            found = await tr.get_multi([keys.call_id_used(owner, conv, c) for c in call_ids])
+            return {c for c, v in zip(call_ids, found) if v is not None}
 
         return await self.db.transact(fn)
 

@@ -224,9 +224,10 @@ async def test_the_first_call_is_refused_when_its_estimate_alone_passes_the_ceil
         assert fake_server.requests == []
 
 
-async def test_the_compaction_summariser_is_priced_and_counted():
-    price = Price(input_tokens=1_000_000, output_tokens=2_000_000)
-    summaries = []
+def _compacting_agent() -> tuple[Agent, list[int]]:
+    """An agent that compacts every few turns: the summariser's calls use 400 + 20 tokens
+    (recorded in the returned list), every other call 50 + 60."""
+    summaries: list[int] = []
 
     def script(messages, tools):
         if messages and "Summarise this conversation" in M.text_of(messages[-1]):
@@ -234,7 +235,12 @@ async def test_the_compaction_summariser_is_priced_and_counted():
             return reply("short summary", usage=Usage(400, 20))
         return reply("ok " + "x" * 200, usage=Usage(50, 60))
 
-    agent = Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2)
+    return Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2), summaries
+
+
+async def test_the_compaction_summariser_is_priced_and_counted():
+    price = Price(input_tokens=1_000_000, output_tokens=2_000_000)
+    agent, summaries = _compacting_agent()
     async with Runtime.open("memory:", pricing={"scripted": price}) as rt:
         for i in range(3):
             assert (await rt.run(agent, "c", f"question {i} " + "y" * 100)).ok
@@ -255,15 +261,7 @@ async def test_the_compaction_summariser_is_priced_and_counted():
 
 async def test_a_cost_ceiling_counts_the_summariser_before_it_runs():
     price = Price(input_tokens=1_000_000, output_tokens=1_000_000)
-    summaries = []
-
-    def script(messages, tools):
-        if messages and "Summarise this conversation" in M.text_of(messages[-1]):
-            summaries.append(1)
-            return reply("short summary", usage=Usage(400, 20))
-        return reply("ok " + "x" * 200, usage=Usage(50, 60))
-
-    agent = Agent("t", model=ScriptedModel(script), compact_at_tokens=150, keep_recent=2)
+    agent, summaries = _compacting_agent()
     async with Runtime.open("memory:", pricing={"scripted": price}) as rt:
         for i in range(2):
             assert (await rt.run(agent, "c", f"question {i} " + "y" * 100)).ok

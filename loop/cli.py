@@ -10,7 +10,10 @@ message, streaming the journal readably: text as it arrives, tool calls and
 their results, retries with their wait, approvals (asked on the terminal).
 With the default ``echo`` model it works offline; ``/now`` or ``/add {"a": 1,
 "b": 2}`` make the echo model call the demo tools, ``/approve_action
-"deploy"`` one that asks for approval.
+"deploy"`` one that asks for approval.  ``--pricing FILE`` (or
+``$SUREFOOT_PRICING``) prices models (format: :mod:`loop.pricing`), so
+``--max-cost-micros N`` can put a cost ceiling on the new run; a bad file is
+refused before the data directory is opened.
 
 ``surefoot inspect [CONVERSATION]`` shows conversations, runs with their
 states and attempts, the transcript and the journal.
@@ -32,6 +35,7 @@ from sessions.errors import NotFound as SessionNotFound
 
 from . import messages as M
 from .agents import Agent, tool
+from .pricing import PRICING_ENV, PRICING_OPTION_HELP, Price, PricingFileError, price_for, pricing_from_option
 from .runtime import Runtime
 
 __all__ = ["add_commands", "cmd_run", "cmd_inspect", "demo_tools", "render_event", "DEFAULT_DATA_DIR"]
@@ -40,6 +44,8 @@ DEFAULT_DATA_DIR = "./surefoot-data"
 DEFAULT_CONVERSATION = "main"
 UNSETTLED = ("queued", "running", "parked")
 EXIT_FAILED, EXIT_LOCKED, EXIT_PARKED, EXIT_INTERRUPTED = 1, 2, 3, 130
+# A bad --pricing file or a ceiling it cannot enforce: a usage error, argparse's own exit code.
+EXIT_USAGE = 2
 
 
 def demo_tools() -> list[Any]:
@@ -78,6 +84,16 @@ def _url(args: argparse.Namespace) -> str:
     return f"lmdb:{args.data or DEFAULT_DATA_DIR}"
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {n}")
+    return n
+
+
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``run`` and ``inspect`` to the ``surefoot`` command."""
     p = subparsers.add_parser(
@@ -99,6 +115,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print journal events as JSON lines")
     p.add_argument("--lease-seconds", type=float, default=None,
                    help="lease length: how long a killed process's run waits before another takes it over")
+    p.add_argument("--pricing", default=None, metavar="FILE", help=PRICING_OPTION_HELP)
+    p.add_argument("--max-cost-micros", type=_non_negative_int, default=None, metavar="N",
+                   help="cost ceiling of the new run, in micro-units of the pricing's currency: a model call "
+                        "that would pass it is not made and the run fails usage_limit (the model needs a price)")
     p.add_argument("--log-level", default="warning")
     p.add_argument("message", nargs="?", help="the user message (omit to only resume unfinished runs)")
     p.set_defaults(func=cmd_run)
@@ -220,9 +240,23 @@ def render_event(ev: Any) -> tuple[bool, str] | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``surefoot run``: exit 0 completed, 1 failed/cancelled, 3 parked, 130 interrupted."""
+    """``surefoot run``: exit 0 completed, 1 failed/cancelled, 2 data directory locked or a bad
+    ``--pricing`` file / unpriced ``--max-cost-micros``, 3 parked, 130 interrupted."""
+    # The pricing is checked before anything is opened: a typo in the file must not leave a
+    # data directory behind, nor a run queued that the next invocation would resume.
     try:
-        return trio.run(_run_main, args)
+        pricing = pricing_from_option(getattr(args, "pricing", None))
+    except PricingFileError as e:
+        sys.stderr.write(f"surefoot run: {e}\n")
+        return EXIT_USAGE
+    ceiling = getattr(args, "max_cost_micros", None)
+    if ceiling is not None and args.message and price_for(pricing, args.model) is None:
+        # (Runtime.submit would refuse it too, with MissingPrice, but only after opening the store.)
+        sys.stderr.write(f"surefoot run: --max-cost-micros needs a price for model {args.model!r}: add it "
+                         f"to a pricing file (--pricing FILE or ${PRICING_ENV})\n")
+        return EXIT_USAGE
+    try:
+        return trio.run(_run_main, args, pricing)
     except BaseException as e:  # KeyboardInterrupt, possibly inside trio's exception groups
         locked = _locked(e)
         if locked is not None:
@@ -264,11 +298,13 @@ async def _ask(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-async def _run_main(args: argparse.Namespace) -> int:
+async def _run_main(args: argparse.Namespace, pricing: dict[str, Price]) -> int:
     agent = Agent(args.agent, args.instructions, args.model, tools=[] if args.no_tools else demo_tools())
     out = sys.stdout
     renderer = _Renderer(out, as_json=args.json)
-    async with Runtime.open(_url(args), workers=1, agents=[agent], lease_seconds=args.lease_seconds) as rt:
+    ceiling = getattr(args, "max_cost_micros", None)
+    async with Runtime.open(_url(args), workers=1, agents=[agent], lease_seconds=args.lease_seconds,
+                            pricing=pricing) as rt:
         conv = args.conversation
         owner = rt.owner
         try:
@@ -299,7 +335,8 @@ async def _run_main(args: argparse.Namespace) -> int:
                     await rt.approve(r.run_id, cid, allow, None if allow else "denied on the terminal")
         mine = None
         if args.message:
-            ack = await rt.submit(agent, conv, args.message)
+            limits = {"max_cost_micros": ceiling} if ceiling is not None else None
+            ack = await rt.submit(agent, conv, args.message, limits=limits)
             mine = ack.run_id
             targets.add(mine)
         if not targets:

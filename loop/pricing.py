@@ -32,12 +32,35 @@ Arithmetic is integer only: a step's cost is the sum of tokens × price over
 the fields, divided by one million and rounded **up** once (never in the
 caller's favour, never float drift; the same usage always costs the same,
 so a retried usage record finds identical figures).
+
+A pricing file (``surefoot serve|run --pricing FILE``, or the path in
+``SUREFOOT_PRICING`` when the flag is absent; :func:`load_pricing`) is one
+UTF-8 JSON object, model key -> its :class:`Price` fields, each an integer of
+micro-units per million tokens (omitted fields are 0)::
+
+    {
+      "anthropic:claude-sonnet-4-5": {"input_tokens": 3000000, "output_tokens": 15000000,
+                                      "cache_read_tokens": 300000, "cache_write_tokens": 3750000},
+      "openai:llama3": {"input_tokens": 200000, "output_tokens": 200000}
+    }
+
+Keys are looked up exactly as ``Runtime(pricing=...)`` keys are (above).  Integers
+only, as :class:`Price`: ``3.0``, ``"3.00"`` and ``"$3"`` are refused, not
+converted (a decimal or currency string is where a unit mistake hides).  A
+file that is not JSON, not an object, repeats a key, names an unknown field
+or carries a bad value is refused whole with :class:`PricingFileError`
+naming the file, the key and the field; the commands check it before they
+open any storage.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
+
+from .errors import LoopError
 
 __all__ = [
     "Price",
@@ -51,6 +74,13 @@ __all__ = [
     "MAX_PRICE_MICROS",
     "MAX_PRICING_ENTRIES",
     "model_label",
+    "PricingFileError",
+    "load_pricing",
+    "parse_pricing",
+    "pricing_from_option",
+    "PRICING_ENV",
+    "PRICING_OPTION_HELP",
+    "MAX_PRICING_FILE_BYTES",
 ]
 
 # Prices are quoted per million tokens (as every vendor quotes them).
@@ -61,7 +91,22 @@ MAX_PRICE_MICROS = 10**15
 # Entries in one runtime's pricing table (it catches a table built by mistake, e.g. per run).
 MAX_PRICING_ENTRIES = 10_000
 
+# A pricing file larger than this is not a price list (MAX_PRICING_ENTRIES entries of four
+# fields fit in well under a megabyte): refused before it is parsed.
+MAX_PRICING_FILE_BYTES = 4 * 1024 * 1024
+#: The environment variable naming a pricing file, used when ``--pricing`` is absent.
+PRICING_ENV = "SUREFOOT_PRICING"
+#: ``--pricing``'s help, the same on every command that takes it (argparse: no bare percent signs).
+PRICING_OPTION_HELP = (
+    "JSON file of model prices, needed for a cost ceiling (max_cost_micros) on any model but the free "
+    'echo: {"MODEL_KEY": {"input_tokens": N, "output_tokens": N, "cache_read_tokens": N, '
+    '"cache_write_tokens": N}, ...}, each N an integer of micro-units per million tokens ($3/MTok = 3000000; '
+    "omitted fields 0). MODEL_KEY: the model spec as written, provider:MODEL, or MODEL. "
+    f"Default: the file named by ${PRICING_ENV}, if set"
+)
+
 assert TOKENS_PER_PRICE_UNIT > 0 and MAX_PRICE_MICROS > 0 and MAX_PRICING_ENTRIES > 0
+assert MAX_PRICING_FILE_BYTES > 0
 
 
 @dataclass(frozen=True)
@@ -183,3 +228,107 @@ def price_for(pricing: Mapping[str, Price], model: Any) -> Price | None:
     if isinstance(model, (EchoModel, ScriptedModel)) or (isinstance(model, str) and model.strip() == "echo"):
         return FREE
     return None
+
+
+# ---------------------------------------------------------------------- pricing files
+
+
+class PricingFileError(LoopError, ValueError):
+    """A pricing file cannot be used: unreadable, not JSON, or not a valid table.  The
+    message names the file and, for a bad entry, its key and field: it is what a command
+    prints (one line) before it exits without opening anything."""
+
+
+_INTEGERS_ONLY = "integers only ($3 per million tokens is 3000000; no decimals, no currency strings)"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object hook: a key given twice is refused (json keeps the last one silently, and a
+    price list with two prices for one model is a mistake whichever the author meant)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise PricingFileError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _parse_entry(key: str, entry: Any) -> Price:
+    """One entry's :class:`Price`; its field values are checked by ``Price`` itself."""
+    if not isinstance(entry, dict):
+        raise PricingFileError(f"{key!r} must be an object of usage field -> int (fields: "
+                               f"{', '.join(PRICED_FIELDS)}), got {json.dumps(entry)}")
+    unknown = [f for f in entry if f not in PRICED_FIELDS]
+    if unknown:
+        raise PricingFileError(f"{key!r}: unknown field {unknown[0]!r} (fields: {', '.join(PRICED_FIELDS)})")
+    try:
+        return Price(**entry)
+    except ValueError as e:
+        hint = f" — {_INTEGERS_ONLY}" if "must be an int" in str(e) else ""
+        raise PricingFileError(f"{key!r}: {e}{hint}") from None
+
+
+def parse_pricing(text: str) -> dict[str, Price]:
+    """A pricing table from a pricing file's text (the format is in the module docstring).
+
+    Raises :class:`PricingFileError` naming the key and field of the first bad entry."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except PricingFileError:
+        raise
+    except ValueError as e:  # JSONDecodeError, or an integer past the interpreter's digit limit
+        raise PricingFileError(f"not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise PricingFileError("must be a JSON object of model key -> {field: int micro-units per million "
+                               f"tokens}}, got {type(doc).__name__ if doc is not None else 'null'}")
+    table = {k: _parse_entry(k, v) for k, v in doc.items()}
+    try:
+        out = check_pricing(table)  # the runtime's own checks of the table: keys, size
+    except ValueError as e:
+        raise PricingFileError(str(e)) from None
+    if len(out) != len(table):
+        # check_pricing strips keys: "gpt" and " gpt " are one key, priced twice
+        raise PricingFileError("two keys are the same model key once surrounding spaces are removed: "
+                               + ", ".join(repr(k) for k in table if k != k.strip()))
+    return out
+
+
+def load_pricing(path: str | os.PathLike[str]) -> dict[str, Price]:
+    """The pricing table in the JSON file at ``path`` (format: the module docstring).
+
+    Every problem is a :class:`PricingFileError` whose message starts with the file's name:
+    unreadable, larger than :data:`MAX_PRICING_FILE_BYTES`, not UTF-8, not JSON, not an
+    object, a repeated key, an entry that is not an object, an unknown field, a value that
+    is not a non-negative int within :data:`MAX_PRICE_MICROS` (``Price``'s own check)."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            raw = f.read(MAX_PRICING_FILE_BYTES + 1)
+    except OSError as e:
+        raise PricingFileError(f"pricing file {name!r}: cannot read it: {e.strerror or e}") from None
+    if len(raw) > MAX_PRICING_FILE_BYTES:
+        raise PricingFileError(f"pricing file {name!r}: larger than {MAX_PRICING_FILE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8-sig")  # a BOM some editors write is not worth refusing
+    except UnicodeDecodeError as e:
+        raise PricingFileError(f"pricing file {name!r}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        return parse_pricing(text)
+    except PricingFileError as e:
+        raise PricingFileError(f"pricing file {name!r}: {e}") from None
+
+
+def pricing_from_option(path: str | None, environ: Mapping[str, str] | None = None) -> dict[str, Price]:
+    """The pricing table a command runs with: ``--pricing PATH`` when given, else the file
+    named by ``$SUREFOOT_PRICING`` (unset or empty: no table, so only the offline models
+    are priced).  Raises :class:`PricingFileError` (the env var named when it was the source)."""
+    if path is not None:
+        return load_pricing(path)
+    env = os.environ if environ is None else environ
+    from_env = env.get(PRICING_ENV, "").strip()
+    if not from_env:
+        return {}
+    try:
+        return load_pricing(from_env)
+    except PricingFileError as e:
+        raise PricingFileError(f"{e} (from ${PRICING_ENV})") from None

@@ -39,7 +39,10 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="serve the HTTP thread API (JSON + SSE) over a durable store",
         description="Serve the /v1 HTTP API. With no flags: the embedded engine in "
         f"{DEFAULT_DATA_DIR}, the offline echo model, on {DEFAULT_HOST}:{DEFAULT_PORT}, "
-        "token auth from SUREFOOT_TOKEN (every API route answers 503 until it is set).",
+        "token auth from SUREFOOT_TOKEN (every API route answers 503 until it is set). "
+        "A submission's limits.max_cost_micros needs a price for the model: --pricing FILE "
+        "(or SUREFOOT_PRICING); without one it is refused 422. A bad pricing file stops the "
+        "command before the store is opened.",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--data", default=None, help=f"data directory (default {DEFAULT_DATA_DIR})")
@@ -48,6 +51,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--workers", type=int, default=4, help="claim loops (concurrent runs) in this process")
     p.add_argument("--model", default="echo", help="echo | anthropic:MODEL | openai:MODEL@BASE_URL")
+    p.add_argument("--pricing", default=None, metavar="FILE", help=_pricing_help())
     p.add_argument(
         "--auth",
         choices=("token", "jwt"),
@@ -58,6 +62,16 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backlog", type=int, default=2048, help="listen backlog (bursts of SSE followers)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_serve)
+
+
+def _pricing_help() -> str:
+    try:
+        from loop.pricing import PRICING_OPTION_HELP
+    except ModuleNotFoundError as e:  # the loop is not in this build (a broken import inside it is not hidden)
+        if e.name not in ("loop", "loop.pricing"):
+            raise
+        return "JSON file of model prices (see loop.pricing)"
+    return PRICING_OPTION_HELP
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """`surefoot serve`: the Runtime, its claim loops and the HTTP app in one trio run.
 
-Start-up: open the store (the embedded engine refuses a second process on the
+Start-up: read the pricing file (``--pricing``, else ``$SUREFOOT_PRICING``; a
+bad one ends the command here, one line on stderr, before any storage is
+opened), open the store (the embedded engine refuses a second process on the
 same directory with a clear message), recover what a crash left (Runtime.open
 voids stale leases), start N claim loops, then listen.
 
@@ -18,7 +20,7 @@ import gc
 import logging
 import signal
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -48,6 +50,8 @@ DEFAULT_INSTRUCTIONS = "You are a helpful assistant."
 #: live object (the whole Runtime, every connection), came every ~70k allocations: pauses of 26-164 ms
 #: were measured under many writers, each one added to every in-flight acknowledgement and SSE frame.
 GC_THRESHOLDS = (20_000, 20, 20)
+#: Exit code for a bad pricing file (argparse's code for a bad command line).
+EXIT_USAGE = 2
 assert DEFAULT_BACKLOG >= 1_024
 assert all(t > 0 for t in GC_THRESHOLDS)
 
@@ -142,8 +146,12 @@ async def serve_store(
     port: int = 8080,
     backlog: int = DEFAULT_BACKLOG,
     describe: str = "",
+    pricing: Mapping[str, Any] | None = None,
 ) -> int:
-    """Open ``url``, recover, run claim loops and serve until SIGTERM/SIGINT; returns the exit code."""
+    """Open ``url``, recover, run claim loops and serve until SIGTERM/SIGINT; returns the exit code.
+
+    ``pricing`` is the Runtime's table (model key -> ``loop.Price``): what prices a submission's
+    ``max_cost_micros`` (a ceiling on a model without a price is refused 422)."""
     from loop.runtime import Runtime
 
     shutdown = trio.Event()
@@ -155,7 +163,7 @@ async def serve_store(
     try:
         # Recovery is the Runtime's: runs whose leases lapsed (a killed process) are re-claimed, and a
         # clean exit of the block releases in-flight leases (so a restart resumes at once).
-        async with Runtime.open(db=db, workers=workers, agents=[agent]) as rt:
+        async with Runtime.open(db=db, workers=workers, agents=[agent], pricing=pricing) as rt:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_signals, shutdown, nursery.cancel_scope)
 
@@ -174,7 +182,7 @@ async def serve_store(
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, pricing: Mapping[str, Any]) -> int:
     url = args.kv or f"lmdb:{args.data or './surefoot-data'}"
     authenticator = Authenticator(auth_from_env(args.auth))
     if not authenticator.configured():
@@ -182,8 +190,9 @@ async def _serve(args: argparse.Namespace) -> int:
                     "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
     return await serve_store(
         url, authenticator=authenticator, agent=default_agent(args.model), workers=args.workers,
-        host=args.host, port=args.port, backlog=args.backlog,
-        describe=f" (auth: {args.auth}, model: {args.model}, workers: {args.workers})")
+        host=args.host, port=args.port, backlog=args.backlog, pricing=pricing,
+        describe=f" (auth: {args.auth}, model: {args.model}, workers: {args.workers}, "
+                 f"priced models: {len(pricing)})")
 
 
 async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
@@ -199,4 +208,13 @@ async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    return trio.run(_serve, args)
+    """``surefoot serve``: exit 0 after a clean shutdown; 1 when the data directory is locked;
+    2 for a bad pricing file (checked first: nothing is opened or created)."""
+    from loop.pricing import PricingFileError, pricing_from_option
+
+    try:
+        pricing = pricing_from_option(getattr(args, "pricing", None))
+    except PricingFileError as e:
+        print(f"surefoot serve: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return trio.run(_serve, args, pricing)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
@@ -78,6 +78,7 @@ async def call_model(
     messages: Sequence[Message],
     tools: Sequence[ToolSpec],
     max_tokens: int | None = None,
+    stream_options: Mapping[str, Any] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY_POLICY,
     on_event: Callable[[StreamEvent], Awaitable[None] | None] | None = None,
     on_retry: Callable[[RetryNotice], Awaitable[None]] | None = None,
@@ -91,6 +92,9 @@ async def call_model(
     durable loop knows it from the journal), so a restart does not grant a
     fresh set of retries, and ``resume_at`` (the persisted ``nextAttemptAt``)
     makes it wait out the backoff that was running when the process died.
+
+    ``stream_options``: the provider's extra keywords for a call clamped under a usage
+    ceiling (``capped_call_options``); every retry is sent with the same ones.
     """
     if resume_at is not None:
         await clock.sleep_until(resume_at)
@@ -99,7 +103,8 @@ async def call_model(
     while True:
         builder = ResponseBuilder()
         try:
-            async for ev in stream_model(provider, system=system, messages=messages, tools=tools, max_tokens=max_tokens):
+            async for ev in stream_model(provider, system=system, messages=messages, tools=tools, max_tokens=max_tokens,
+                                          options=stream_options):
                 builder.add(ev)
                 if on_event is not None:
                     r = on_event(ev)

@@ -58,7 +58,8 @@ from .errors import (
     ResultSchemaError,
 )
 from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, CALL_DONE, CALL_STARTED, LoopState
-from .pricing import FREE, cost_micros, estimate_cost_micros, model_label
+from .pricing import FREE, TOKENS_PER_PRICE_UNIT, cost_micros, estimate_cost_micros, model_label
+from .providers.base import STOP_MAX_TOKENS, capped_call_options, output_cap
 from .schema import validate
 from .store import MAX_CALL_ID_BATCH
 from .stream import FLUSH_INTERVAL, PartCoalescer
@@ -76,9 +77,31 @@ CANCEL_POLL_SECONDS = 1.0
 # Text carried inside a journal event (tool results, messages); the full value
 # is in the transcript, the event says where (``seq``).
 MAX_EVENT_TEXT = 8_000
+# The fewest output tokens a model call is made with under a ceiling that bounds its output
+# (max_output_tokens, max_total_tokens, max_cost_micros with an output price): with less room
+# the call is refused before it is made (``usage_limit``). One, not more: the runtime cannot
+# know how long the answer will be (a final "Done." is a couple of tokens), and the call's
+# input is inside the ceiling by construction, so a larger threshold would only end runs the
+# user's ceiling still allows. A provider may need more (Anthropic with thinking: see
+# ``capped_call_options``).
+MIN_CALL_OUTPUT_TOKENS = 1
 
 assert MAX_EVENT_TEXT < 80_000
+assert MIN_CALL_OUTPUT_TOKENS >= 1
 
+
+
+class _CallPlan:
+    """How one model call is sent, as the pre-flight reserve decided: ``max_tokens`` (None:
+    the provider's own default), the provider's extra ``stream`` keywords for a clamped call,
+    and ``clamped_by`` — the usage field whose ceiling lowered ``max_tokens`` below the call's
+    own cap (None: not lowered), so an answer cut at that length is known to be the ceiling's."""
+
+    __slots__ = ("max_tokens", "options", "clamped_by")
+
+    def __init__(self, max_tokens: int | None, options: Mapping[str, Any] | None = None,
+                 clamped_by: str | None = None) -> None:
+        self.max_tokens, self.options, self.clamped_by = max_tokens, options, clamped_by
 
 
 class RunStopped(Exception):
@@ -642,7 +665,7 @@ class Runner:
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         if agent.hooks is not None and agent.hooks.before_model_call is not None:
             await Hooks.call(agent.hooks.before_model_call, info)
-        await self._reserve(info.system, info.messages)
+        plan = await self._reserve(info.system, info.messages)
         coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
         msg: dict[str, Any] | None = None
         error: ProviderError | None = None
@@ -681,7 +704,8 @@ class Runner:
                     system=info.system,
                     messages=info.messages,
                     tools=info.tools,
-                    max_tokens=agent.max_tokens,
+                    max_tokens=plan.max_tokens,
+                    stream_options=plan.options,
                     policy=agent.retry,
                     on_event=on_event,
                     on_retry=self._on_retry,
@@ -713,7 +737,7 @@ class Runner:
             await self._fail(error.to_dict(), error_message=True)
             return
         assert msg is not None
-        await self._model_done(msg, coalescer)
+        await self._model_done(msg, coalescer, plan)
 
     async def _flusher(self, coalescer: PartCoalescer, scope: trio.CancelScope, errors: list[BaseException],
                        own_scope: trio.CancelScope, done: trio.Event) -> None:
@@ -789,8 +813,12 @@ class Runner:
                 c["id"] = new
             used.add(c["id"])
 
-    async def _model_done(self, msg: dict[str, Any], coalescer: PartCoalescer) -> None:
-        """Persist the assistant message (and its usage) as it ends; settle if it is final."""
+    async def _model_done(self, msg: dict[str, Any], coalescer: PartCoalescer, plan: _CallPlan) -> None:
+        """Persist the assistant message (and its usage) as it ends; settle if it is final.
+
+        An answer the run's ceiling cut off (sent with a ``max_tokens`` the ceiling lowered,
+        ended by it) is kept, with its usage, but it is neither a final answer nor a tool
+        call to run (its text or arguments are truncated): the run fails ``usage_limit``."""
         st = self.state
         assert st is not None
         call_no = st.model_calls + 1
@@ -798,10 +826,18 @@ class Runner:
         calls = M.tool_calls_of(msg)
         if calls:
             await self._unique_call_ids(calls)
-        start_first = self._startable(calls[0]) if calls else None
+        cut = plan.clamped_by is not None and msg.get("stop_reason") == STOP_MAX_TOKENS
+        start_first = self._startable(calls[0]) if calls and not cut else None
         final_outcome: dict[str, Any] | None = None
         appended = [msg]
-        if not calls:
+        if cut:
+            err = {"type": "usage_limit",
+                   "message": f"run {self.run_id!r}: the model's answer was cut off at {plan.max_tokens} output "
+                              f"tokens: more would take {plan.clamped_by} past its ceiling of "
+                              f"{self.claim.limits.get('max_' + plan.clamped_by)}"}
+            final_outcome = {"status": "failed", "result": None, "error": err}
+            appended = [msg, {"role": "error", "error": err}]
+        elif not calls:
             final_outcome, error_msg = self._final_outcome(msg)
             if error_msg is not None:
                 appended = [msg, error_msg]
@@ -857,38 +893,76 @@ class Runner:
         cost = cost_micros(self._bill, usage)
         return {**usage, "cost_micros": cost} if cost else usage
 
-    async def _reserve(self, system: str, messages: list[dict[str, Any]], *, during: str | None = None) -> None:
-        """The pre-flight reserve of a model call against the run's usage ceilings: a refusal
-        fails the run (``_fail`` raises RunStopped). Only a run with ceilings needs the
-        estimate and the read.
+    async def _reserve(self, system: str, messages: list[dict[str, Any]], *, during: str | None = None) -> _CallPlan:
+        """The pre-flight reserve of a model call against the run's usage ceilings, and how
+        the call is sent; a refusal fails the run (``_fail`` raises RunStopped). Only a run
+        with ceilings needs the estimate and the read.
 
-        The estimate: the context's tokens as input, ``Agent.max_tokens`` (or 0 when unset)
-        as output, and with a cost ceiling their cost at the model's input and output prices.
-        (Without ``max_tokens`` a call's output is not reserved for: set it to make a ceiling
-        hold against the worst case of the call about to be made.)"""
+        The estimate: the context's tokens as input and, as output, the call's *effective*
+        cap — the provider's answer to ``output_cap(Agent.max_tokens)`` (Anthropic always
+        sends one, its default included; an OpenAI-compatible server none unless set) — and
+        with a cost ceiling their cost at the model's input and output prices. When a ceiling
+        bounds output (max_output_tokens, max_total_tokens, max_cost_micros at a non-zero
+        output price) and the cap is unknown or larger than the room that ceiling leaves
+        after the input, the call is sent with ``max_tokens`` lowered to that room (so the
+        provider itself stops at the ceiling); with less room than a call needs
+        (MIN_CALL_OUTPUT_TOKENS, or the provider's own minimum) it is refused. Without such a
+        ceiling the call is sent exactly as configured.
+
+        Read-only, like the ledger's reserve (one run makes one model call at a time, so
+        nothing is held): the figures are a function of the recorded totals and the context
+        only, so a step retried (after a transient error, or by the next claim after a
+        crash, its usage unrecorded) reserves, and is sent with, the same figures."""
+        agent_mt = self.agent.max_tokens
         limits = self.claim.limits
         if not limits:
-            return
-        input_est, output_est = estimate_context_tokens(system, messages), self.agent.max_tokens or 0
-        cost_est = None
-        if limits.get("max_cost_micros") is not None and self.price is not None:
-            cost_est = estimate_cost_micros(self.price, input_est, output_est)
-        refusal = await self.store.reserve(self.claim, input_est, output_est, cost_est)
-        if refusal is not None:
-            await self._fail({"type": "usage_limit", "message": refusal,
-                              **({"during": during} if during is not None else {})})
+            return _CallPlan(agent_mt)
+        price = self.price
+        input_est = estimate_context_tokens(system, messages)
+        estimate = {"input_tokens": input_est, "output_tokens": 0}
+        if limits.get("max_cost_micros") is not None and price is not None:
+            estimate["cost_micros"] = estimate_cost_micros(price, input_est, 0)
+        extra = {"during": during} if during is not None else {}
+        try:
+            # The input alone first; the output's room is what each ceiling has left after it.
+            headroom = await self.store.ledger.usage.reserve(self.run_id, estimate)  # read-only
+        except L.UsageLimitExceeded as e:
+            await self._fail({"type": "usage_limit", "message": str(e), **extra})
+            raise AssertionError("unreachable: _fail raises")  # pragma: no cover
+        cap = output_cap(self.provider, agent_mt)
+        room, field = _output_room(headroom, input_est, price)
+        if field is None or (cap is not None and cap <= room):
+            return _CallPlan(agent_mt)  # no ceiling bounds this call's output, or its own cap fits
+        options = capped_call_options(self.provider, room) if room >= MIN_CALL_OUTPUT_TOKENS else None
+        if options is None:
+            need = max(MIN_CALL_OUTPUT_TOKENS, room + 1)
+            ceiling = int(limits[f"max_{field}"])
+            would = ceiling - headroom[field] + {
+                "output_tokens": need,
+                "total_tokens": input_est + need,
+                "cost_micros": estimate_cost_micros(price, input_est, need) if price is not None else 0,
+            }[field]
+            await self._fail({"type": "usage_limit", **extra, "message":
+                              f"run {self.run_id!r}: {field} would reach {would}, past its ceiling of {ceiling} "
+                              f"(room for {max(room, 0)} output tokens, fewer than a call to "
+                              f"{model_label(self.agent.model)} can be made with)"})
+        assert price is None or "cost_micros" not in headroom or \
+            estimate_cost_micros(price, input_est, room) <= headroom["cost_micros"]
+        return _CallPlan(room, options, field)
 
     async def _compact(self, reason: str) -> None:
         cut = choose_cut(self.messages, self.agent.keep_recent, self.base)
         assert cut is not None
         request = summary_request(self.messages, cut, self.base)
         # The summariser is a model call like any other (unreserved, its usage could carry
-        # the run past a ceiling).
-        await self._reserve(COMPACTION_SYSTEM, request, during="compaction")
+        # the run past a ceiling), clamped like any other; a summary cut at the ceiling's room
+        # is kept as it is (shorter, still a summary; the next call then finds no room).
+        plan = await self._reserve(COMPACTION_SYSTEM, request, during="compaction")
         try:
             summary_msg = await call_model(
                 self.provider, system=COMPACTION_SYSTEM, messages=request, tools=[],
-                max_tokens=self.agent.max_tokens, policy=self.agent.retry, clock=self.rt.clock,
+                max_tokens=plan.max_tokens, stream_options=plan.options, policy=self.agent.retry,
+                clock=self.rt.clock,
             )
         except ProviderError as e:  # the summariser failed too: the run fails with its error
             await self._fail({**e.to_dict(), "during": "compaction"})
@@ -1168,6 +1242,27 @@ def _user_message(delivery: Any) -> dict[str, Any]:
     if isinstance(msg, dict) and msg.get("role") == "user":
         return dict(msg)
     raise ValueError(f"a delivery's message is a string or a user message, got {type(msg).__name__}")
+
+
+def _output_room(headroom: Mapping[str, int], input_est: int, price: Any) -> tuple[int, str | None]:
+    """The output tokens a call may produce under the run's ceilings (``headroom``: the
+    ledger's ceiling minus totals, per limited field) after its estimated input, and the field
+    whose ceiling leaves the least; (0, None) when no ceiling bounds output. A cost ceiling
+    bounds output only at a non-zero output price, and exactly as the reserve prices it: the
+    call's estimate, ceil((in × in_price + out × out_price) / 10⁶), fits the headroom H iff
+    in × in_price + out × out_price <= H × 10⁶ (integers; rounded down, never in the
+    caller's favour)."""
+    rooms: list[tuple[int, str]] = []
+    if "output_tokens" in headroom:
+        rooms.append((headroom["output_tokens"], "output_tokens"))
+    if "total_tokens" in headroom:
+        rooms.append((headroom["total_tokens"] - input_est, "total_tokens"))
+    if "cost_micros" in headroom and price is not None and price.output_tokens > 0:
+        spare = headroom["cost_micros"] * TOKENS_PER_PRICE_UNIT - input_est * price.input_tokens
+        rooms.append((spare // price.output_tokens, "cost_micros"))
+    if not rooms:
+        return 0, None
+    return min(rooms)
 
 
 def _last_assistant(messages: Sequence[dict[str, Any]], start: int) -> int | None:

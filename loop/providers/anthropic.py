@@ -21,6 +21,10 @@ and ``signature`` unmodified) and ``redacted_thinking`` blocks (``data``) first 
 content, or the API answers 400; :func:`to_anthropic_messages` does so from the
 ``thinking`` / ``redacted_thinking`` parts the loop persisted (loop.providers.base).
 Earlier turns' thinking may be sent too: the API strips it from the context itself.
+A call the loop clamps under a usage ceiling to a ``max_tokens`` at or below the budget
+is sent with the budget lowered to ``max_tokens - 1`` for that call
+(:meth:`AnthropicProvider.capped_call_options`): thinking stays on, as a tool-use turn
+requires, and the request stays valid.
 """
 
 from __future__ import annotations
@@ -150,6 +154,27 @@ class AnthropicProvider(HTTPProvider):
                 )
         self.thinking_budget = thinking_budget
 
+    def output_cap(self, max_tokens: int | None) -> int | None:
+        """Always bounded: the request always carries ``max_tokens`` (the API requires it),
+        the per-call one, else this provider's, else :data:`DEFAULT_MAX_TOKENS`."""
+        return max_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def capped_call_options(self, max_tokens: int) -> dict[str, Any] | None:
+        """A call clamped to ``max_tokens`` by a usage ceiling. Without thinking any value
+        >= 1 is valid. With thinking the budget must stay below ``max_tokens`` and at least
+        :data:`MIN_THINKING_BUDGET`: a clamp at or below the budget lowers it for this call to
+        ``max_tokens - 1`` (thinking cannot be switched off instead: mid tool-use turn the API
+        refuses a request that toggles it); a clamp that leaves no room for the minimum budget
+        is None (no valid request fits: the loop refuses the call as over the ceiling)."""
+        if max_tokens < 1:
+            return None
+        if self.thinking_budget is None or self.thinking_budget < max_tokens:
+            return {}
+        lowered = max_tokens - 1
+        if lowered < MIN_THINKING_BUDGET:
+            return None
+        return {"thinking_budget": lowered}
+
     def _headers(self) -> dict[str, str]:
         h = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
         if self.api_key:
@@ -157,24 +182,34 @@ class AnthropicProvider(HTTPProvider):
         return h
 
     def request_body(
-        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], max_tokens: int | None
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec], max_tokens: int | None,
+        thinking_budget: int | None = None,
     ) -> dict[str, Any]:
+        """``thinking_budget``: this call's budget in place of the provider's (only as
+        :meth:`capped_call_options` gives it, for a call clamped under a usage ceiling)."""
+        budget = self.thinking_budget
+        if thinking_budget is not None:
+            if budget is None or not MIN_THINKING_BUDGET <= thinking_budget <= budget:
+                raise PermanentProviderError(
+                    f"a per-call thinking_budget {thinking_budget} must be within [{MIN_THINKING_BUDGET}, "
+                    f"the provider's {budget}]", provider=self.name)
+            budget = thinking_budget
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": max_tokens or self.max_tokens or DEFAULT_MAX_TOKENS,
+            "max_tokens": self.output_cap(max_tokens),
             "messages": to_anthropic_messages(messages),
             "stream": True,
         }
         if system:
             body["system"] = system
-        if self.thinking_budget is not None:
-            if self.thinking_budget >= body["max_tokens"]:
+        if budget is not None:
+            if budget >= body["max_tokens"]:
                 # a per-call max_tokens (the agent's) below the budget: the API would answer 400
                 raise PermanentProviderError(
-                    f"thinking_budget {self.thinking_budget} must be less than max_tokens {body['max_tokens']}",
+                    f"thinking_budget {budget} must be less than max_tokens {body['max_tokens']}",
                     provider=self.name,
                 )
-            body["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         if tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
         return body
@@ -186,8 +221,10 @@ class AnthropicProvider(HTTPProvider):
         messages: Sequence[Message],
         tools: Sequence[ToolSpec],
         max_tokens: int | None = None,
+        thinking_budget: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
-        body = self.request_body(system=system, messages=messages, tools=tools, max_tokens=max_tokens)
+        body = self.request_body(system=system, messages=messages, tools=tools, max_tokens=max_tokens,
+                                 thinking_budget=thinking_budget)
         usage: dict[str, int] = {}
         stop_reason: str | None = None
         kinds: dict[int, str] = {}  # content block index -> "text" | "tool_use" | "thinking" | other

@@ -51,6 +51,8 @@ __all__ = [
     "Provider",
     "ResponseBuilder",
     "stream_model",
+    "output_cap",
+    "capped_call_options",
     "STOP_END",
     "STOP_TOOL_USE",
     "STOP_MAX_TOKENS",
@@ -190,6 +192,37 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         ...
 
+    # Optional (the loop asks with getattr; see output_cap / capped_call_options below, which
+    # give a provider without them the honest default):
+    #
+    #   def output_cap(self, max_tokens: int | None) -> int | None
+    #       The most output tokens one call sent with this per-call ``max_tokens`` may
+    #       produce, this provider's own defaults included; None when nothing bounds it.
+    #   def capped_call_options(self, max_tokens: int) -> dict[str, Any] | None
+    #       A call the loop must keep under a usage ceiling is sent with a lower
+    #       ``max_tokens`` than the provider would use: the extra ``stream`` keywords that
+    #       keep such a request valid ({} if none), or None when no valid request fits in
+    #       ``max_tokens`` output tokens (the loop then refuses the call: usage_limit).
+
+
+def output_cap(provider: Any, max_tokens: int | None) -> int | None:
+    """The effective output cap of a call to ``provider`` sent with ``max_tokens`` (the
+    agent's, None when unset): what the provider itself says, else the explicit value (a
+    provider that says nothing sends what it is given and nothing when given nothing)."""
+    fn = getattr(provider, "output_cap", None)
+    cap = fn(max_tokens) if fn is not None else max_tokens
+    assert cap is None or (isinstance(cap, int) and cap > 0), f"output_cap must be None or a positive int, got {cap!r}"
+    return cap
+
+
+def capped_call_options(provider: Any, max_tokens: int) -> dict[str, Any] | None:
+    """The extra ``stream`` keywords for a call clamped to ``max_tokens`` output tokens by a
+    usage ceiling ({}: none needed), or None when the provider cannot make a valid call that
+    small. A provider without the method needs nothing beyond ``max_tokens >= 1``."""
+    assert max_tokens >= 1
+    fn = getattr(provider, "capped_call_options", None)
+    return fn(max_tokens) if fn is not None else {}
+
 
 def _is_output(ev: StreamEvent) -> bool:
     """Whether ``ev`` is something the caller has seen of the answer (reasoning counts:
@@ -206,6 +239,7 @@ async def stream_model(
     messages: Sequence[Message],
     tools: Sequence[ToolSpec],
     max_tokens: int | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """``provider.stream`` with errors classified and the after-output rule applied.
 
@@ -213,10 +247,14 @@ async def stream_model(
     (connection errors transient, the rest permanent); any error after the
     first output event becomes a ``StreamBrokenError`` carrying the original.
     A stream that ends without :class:`Finish` is broken too.
+
+    ``options``: extra keywords for ``provider.stream``, as the provider's own
+    ``capped_call_options`` gave them (passed only when non-empty, so a provider
+    that has no such method never sees a keyword it does not know).
     """
     output = False
     finished = False
-    agen = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens)
+    agen = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens, **(options or {}))
     try:
         async for ev in agen:
             if isinstance(ev, Finish):

@@ -59,6 +59,17 @@ class HTTPProvider:
         self.max_tokens = max_tokens
         self.name = f"{self.kind}:{model}"
 
+    def output_cap(self, max_tokens: int | None) -> int | None:
+        """The most output a call sent with the per-call ``max_tokens`` may produce: that, else
+        this provider's own ``max_tokens``, else None (nothing is sent, the server decides:
+        unbounded as far as the loop can tell). Anthropic overrides it (it always sends one)."""
+        return max_tokens or self.max_tokens or None
+
+    def capped_call_options(self, max_tokens: int) -> dict[str, Any] | None:
+        """Extra ``stream`` keywords for a call clamped to ``max_tokens`` by a usage ceiling:
+        none here (any ``max_tokens >= 1`` is a valid request)."""
+        return {} if max_tokens >= 1 else None
+
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)

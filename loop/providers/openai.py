@@ -96,7 +96,7 @@ class OpenAIProvider(HTTPProvider):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        mt = max_tokens or self.max_tokens
+        mt = self.output_cap(max_tokens)  # None: no max_tokens key at all (local servers' own default)
         if mt:
             body["max_tokens"] = mt
         if tools:

@@ -22,12 +22,17 @@ Scripted responses:
   then drops the connection without the terminating chunk;
 * :class:`FakeStreamError` — Anthropic's in-stream ``error`` event (or an
   OpenAI ``data: {"error": ...}`` chunk) after ``after`` events.
+
+A reply honours the request's ``max_tokens`` as the real APIs do (see
+:func:`capped_reply`): a reply whose ``output_tokens`` exceed it is cut there and
+ends with ``stop_reason`` ``max_tokens`` (Anthropic) / ``finish_reason`` ``length``
+(OpenAI), reporting exactly ``max_tokens`` output tokens.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence, Union
 
 import trio
@@ -46,6 +51,7 @@ __all__ = [
     "server_error",
     "prompt_too_long",
     "context_length_exceeded",
+    "capped_reply",
 ]
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -246,6 +252,22 @@ def openai_events(r: FakeReply) -> list[bytes]:
     return ev
 
 
+def capped_reply(dialect: str, r: FakeReply, body: Any) -> FakeReply:
+    """``r`` as a server honouring the request's ``max_tokens`` sends it (OpenAI's newer
+    ``max_completion_tokens`` too). Under the cap: unchanged. Over it: the output stops at
+    the cap, as the APIs stop generating — the reply's ``output_tokens`` are taken as spread
+    evenly over its text, so the text keeps its share, and the tool calls that would have come
+    after it are not sent; the stop reason says why and usage reports the cap."""
+    mt = None
+    if isinstance(body, dict):
+        mt = body.get("max_tokens", body.get("max_completion_tokens"))
+    if not isinstance(mt, int) or r.output_tokens <= mt:
+        return r
+    keep = len(r.text) * mt // r.output_tokens
+    return replace(r, text=r.text[:keep], tool_calls=(), output_tokens=mt,
+                   stop_reason="max_tokens" if dialect == "anthropic" else "length")
+
+
 def _error_body(dialect: str, e: FakeError) -> bytes:
     if e.body is not None:
         if isinstance(e.body, bytes):
@@ -326,6 +348,8 @@ class FakeProviderServer:
                 await self._send_error(stream, dialect, FakeError(500, message="fake server: no scripted response"))
                 return
             item = self.script.pop(0)
+            if isinstance(item, FakeReply):
+                item = capped_reply(dialect, item, req.body)
             if isinstance(item, FakeError):
                 await self._send_error(stream, dialect, item)
             elif isinstance(item, FakeReply):

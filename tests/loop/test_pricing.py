@@ -1,5 +1,6 @@
 """Cost ceilings that work (promise 10): prices, the cost recorded per model step (once, like
-its tokens), the pre-flight reserve refusing a call that would pass ``max_cost_micros``, the
+its tokens), the pre-flight reserve clamping a call's max_tokens to what ``max_cost_micros``
+leaves and refusing one it leaves no room for, the
 compaction's summariser priced too, and a ceiling that cannot be enforced refused, never run.
 
 Real memory and lmdb engines; the only fake is the hosted provider, at the wire
@@ -19,6 +20,7 @@ from kv.engine import FaultHooks
 from kv.errors import KVError
 from loop import Agent, MissingPrice, Price, Runtime, ScriptedModel, tool
 from loop import messages as M
+from loop.compaction import estimate_context_tokens
 from loop.pricing import FREE, cost_micros, estimate_cost_micros, price_for
 from loop.providers import AnthropicProvider, OpenAIProvider, Usage, reply, tool_call
 
@@ -186,42 +188,71 @@ async def test_cost_is_counted_once_per_step_when_the_steps_commit_is_retried(en
 # ---------------------------------------------------------------------- enforced
 
 
-async def test_a_cost_ceiling_stops_the_run_before_the_call_that_would_pass_it(fake_server):
-    """Each call costs 1,100 micros (1,000 in + 100 out at 1 micro per token); the reserve
-    estimates the next one from the context and max_tokens: the second call is refused before
-    it is made, so the provider sees exactly one request, and the total stays under the ceiling."""
+async def test_a_cost_ceiling_clamps_the_last_call_to_what_it_can_pay_for(fake_server):
+    """Output priced at 1 micro a token, input free: the first call (100 out) leaves 50 micros
+    of a 150 ceiling, so the second is sent with max_tokens=50 although the agent asks for
+    100 (the old reserve refused it outright; without max_tokens it let any output through).
+    The server stops there (stop_reason max_tokens), the answer cut by the ceiling fails the
+    run ``usage_limit`` with the cut message kept, and the cost lands exactly on the ceiling."""
     fake_server.enqueue(
         FakeReply("", tool_calls=[("call_1", "lookup", {"city": "Oslo"})], input_tokens=1_000, output_tokens=100),
-        FakeReply("never sent", input_tokens=1_000, output_tokens=100),
+        FakeReply("Sunny in Oslo, and a long story about it. " * 5, input_tokens=1_000, output_tokens=100),
     )
     agent = Agent("w", "Be brief.", provider_for("anthropic", fake_server), tools=[lookup], max_tokens=100)
-    price = Price(input_tokens=1_000_000, output_tokens=1_000_000)
+    price = Price(output_tokens=1_000_000)
     async with Runtime.open("memory:", pricing={"claude-test": price}) as rt:
-        out = await rt.run(agent, "c", "weather?", limits={"max_cost_micros": 1_150})
+        out = await rt.run(agent, "c", "weather?", limits={"max_cost_micros": 150})
         assert out.status == "failed" and out.error["type"] == "usage_limit", out
-        assert "cost_micros" in out.error["message"] and "ceiling of 1150" in out.error["message"]
-        assert len(fake_server.requests) == 1  # the second call was never made
-        assert [r.text for r in fake_server.script] == ["never sent"]
-        fake_server.script.clear()
-        assert (await rt.usage(out.run_id))["cost_micros"] == 1_100
+        assert "cut off at 50 output tokens" in out.error["message"] and "cost_micros past its ceiling of 150" in out.error["message"]
+        assert [r.body["max_tokens"] for r in fake_server.requests] == [100, 50]
+        assert (await rt.usage(out.run_id))["cost_micros"] == 150
         msgs = await rt.transcript("c")
-        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "error"]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "error"]
+        assert msgs[3]["stop_reason"] == "max_tokens" and msgs[3]["usage"]["output_tokens"] == 50
 
-        # the same ceiling with room for both calls completes
+        # the same ceiling with room for both calls completes, each sent with the agent's own cap
+        fake_server.requests.clear()
         fake_server.enqueue(
             FakeReply("", tool_calls=[("call_2", "lookup", {"city": "Rome"})], input_tokens=1_000, output_tokens=100),
             FakeReply("Sunny.", input_tokens=1_000, output_tokens=100),
         )
         ok = await rt.run(agent, "c2", "weather?", limits={"max_cost_micros": 5_000})
-        assert ok.ok and (await rt.usage(ok.run_id))["cost_micros"] == 2_200
+        assert ok.ok and (await rt.usage(ok.run_id))["cost_micros"] == 200
+        assert [r.body["max_tokens"] for r in fake_server.requests] == [100, 100]
 
 
-async def test_the_first_call_is_refused_when_its_estimate_alone_passes_the_ceiling(fake_server):
+async def test_a_cost_ceiling_clamps_by_price_after_the_input_estimate(fake_server):
+    """Input at 1 and output at 3 micros a token: a ceiling of (input estimate + 100) micros
+    leaves floor(100 / 3) = 33 output tokens, rounded down (34 would cost 102)."""
+    fake_server.enqueue(FakeReply("x" * 400, output_tokens=500))
+    agent = Agent("w", "Be brief.", provider_for("anthropic", fake_server))  # no max_tokens: 4096 sent
+    price = Price(input_tokens=1_000_000, output_tokens=3_000_000)
+    in_est = estimate_context_tokens("Be brief.", [M.user("hi")])
+    async with Runtime.open("memory:", pricing={"claude-test": price}) as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_cost_micros": in_est + 100})
+        msgs = await rt.transcript("c")
+        assert estimate_context_tokens("Be brief.", msgs[:1]) == in_est  # the context the reserve saw
+        assert [r.body["max_tokens"] for r in fake_server.requests] == [33]
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        assert (await rt.usage(out.run_id))["output_tokens"] == 33
+
+
+async def test_a_call_is_refused_before_it_is_made_when_the_ceiling_leaves_no_room(fake_server):
+    """Refused, nothing sent: the input estimate alone passes the ceiling; or it fits and no
+    output token does (room below MIN_CALL_OUTPUT_TOKENS)."""
     agent = Agent("w", "Be brief.", provider_for("anthropic", fake_server), max_tokens=1_000)
-    async with Runtime.open("memory:", pricing={"claude-test": Price(output_tokens=1_000_000)}) as rt:
-        out = await rt.run(agent, "c", "hi", limits={"max_cost_micros": 999})
+    price = Price(input_tokens=1_000_000, output_tokens=1_000_000)
+    in_est = estimate_context_tokens("Be brief.", [M.user("hi")])
+    async with Runtime.open("memory:", pricing={"claude-test": price}) as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_cost_micros": in_est - 1})
         assert out.status == "failed" and out.error["type"] == "usage_limit"
+        assert f"would reach {in_est}, past its ceiling of {in_est - 1}" in out.error["message"]
+        out = await rt.run(agent, "d", "hi", limits={"max_cost_micros": in_est})
+        assert out.status == "failed" and out.error["type"] == "usage_limit"
+        assert f"would reach {in_est + 1}, past its ceiling of {in_est}" in out.error["message"]
+        assert "room for 0 output tokens" in out.error["message"]
         assert fake_server.requests == []
+        assert [m["role"] for m in await rt.transcript("d")] == ["user", "error"]
 
 
 def _compacting_agent() -> tuple[Agent, list[int]]:

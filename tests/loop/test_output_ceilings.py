@@ -1,0 +1,245 @@
+"""Output under a usage ceiling (promise 10): a call is sent with ``max_tokens`` no larger
+than what the run's ceilings leave, so a ceiling holds against the output of the call
+about to be made, not only against the calls already counted.
+
+Real memory / lmdb engines and the real loop; the hosted providers are faked at the wire
+(fake_providers: Anthropic's and OpenAI's streaming formats), and the fake honours the
+request's ``max_tokens`` the way the real APIs do (it stops there: ``max_tokens`` /
+``length``), so what is recorded is what a real server would have reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fake_providers import FakeReply, overloaded
+from loop import Agent, Price, Runtime, tool
+from loop import messages as M
+from loop.compaction import estimate_context_tokens
+from loop.providers import AnthropicProvider, EchoModel, OpenAIProvider, ScriptedModel
+from loop.providers.anthropic import MIN_THINKING_BUDGET
+from loop.providers.base import DEFAULT_MAX_TOKENS, capped_call_options, output_cap
+from loop.retry import RetryPolicy
+from loop.runner import MIN_CALL_OUTPUT_TOKENS
+
+NO_WAIT = RetryPolicy(initial_delay=0, jitter=0)
+
+
+def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
+    return AnthropicProvider("claude-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+
+
+def openai(server: Any, **kw: Any) -> OpenAIProvider:
+    return OpenAIProvider("gpt-test", base_url=server.base_url + "/v1", api_key="sk-test", timeout=None, **kw)
+
+
+def provider(dialect: str, server: Any, **kw: Any) -> Any:
+    return anthropic(server, **kw) if dialect == "anthropic" else openai(server, **kw)
+
+
+def cut_reason(dialect: str) -> str:
+    return "max_tokens" if dialect == "anthropic" else "length"
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def kv_url(request, tmp_path):
+    return "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
+
+
+@tool
+def lookup(city: str) -> str:
+    """Look a city up."""
+    return f"{city}: sunny"
+
+
+# ---------------------------------------------------------------------- the providers' caps
+
+
+def test_each_provider_reports_its_effective_output_cap():
+    a = AnthropicProvider("m", base_url="http://127.0.0.1:9")
+    assert output_cap(a, None) == DEFAULT_MAX_TOKENS  # Anthropic always sends one
+    assert output_cap(a, 300) == 300
+    assert output_cap(AnthropicProvider("m", base_url="http://127.0.0.1:9", max_tokens=9000), None) == 9000
+    o = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1")
+    assert output_cap(o, None) is None  # sends none: the server decides, unbounded as far as we know
+    assert output_cap(o, 300) == 300
+    assert output_cap(OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", max_tokens=77), None) == 77
+    # the offline models honour no max_tokens: only what they were explicitly given
+    assert output_cap(ScriptedModel(["x"]), None) is None and output_cap(EchoModel(), 5) == 5
+    assert capped_call_options(o, 1) == {} and capped_call_options(ScriptedModel(["x"]), 1) == {}
+
+
+def test_a_clamp_below_the_thinking_budget_lowers_it_for_the_call_or_refuses():
+    """The API needs MIN_THINKING_BUDGET <= budget < max_tokens; thinking cannot be switched
+    off mid tool-use turn, so a clamp at or below the budget lowers it to max_tokens - 1 for
+    that call, and one that leaves no room for the minimum budget has no valid request."""
+    p = AnthropicProvider("m", base_url="http://127.0.0.1:9", thinking_budget=2048, max_tokens=8192)
+    assert capped_call_options(p, 3000) == {}
+    assert capped_call_options(p, 2049) == {}
+    assert capped_call_options(p, 2048) == {"thinking_budget": 2047}
+    assert capped_call_options(p, MIN_THINKING_BUDGET + 1) == {"thinking_budget": MIN_THINKING_BUDGET}
+    assert capped_call_options(p, MIN_THINKING_BUDGET) is None
+    assert capped_call_options(p, 1) is None
+    body = p.request_body(system="", messages=[M.user("hi")], tools=(), max_tokens=1500, thinking_budget=1499)
+    assert body["max_tokens"] == 1500 and body["thinking"] == {"type": "enabled", "budget_tokens": 1499}
+    # the agent's own per-call max_tokens below the budget is still a configuration error
+    from loop.errors import PermanentProviderError
+
+    with pytest.raises(PermanentProviderError, match="less than max_tokens 1500"):
+        p.request_body(system="", messages=[M.user("hi")], tools=(), max_tokens=1500)
+    # a per-call budget may only lower the provider's, never raise it or go below the minimum
+    for bad in (4096, MIN_THINKING_BUDGET - 1):
+        with pytest.raises(PermanentProviderError, match="per-call thinking_budget"):
+            p.request_body(system="", messages=[M.user("hi")], tools=(), max_tokens=8192, thinking_budget=bad)
+    assert MIN_CALL_OUTPUT_TOKENS >= 1
+
+
+# ---------------------------------------------------------------------- clamped on the wire
+
+
+LONG = "A long answer about the weather in two cities. " * 4
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+async def test_max_output_tokens_holds_across_calls(dialect, fake_server, kv_url):
+    """max_output_tokens=100, no Agent.max_tokens: each call is sent with what is left
+    (100, then 60, then 20), the model would write 40 each time, so the third answer is cut
+    at 20 by the server; the run fails usage_limit with exactly 100 output tokens recorded."""
+    fake_server.enqueue(
+        FakeReply("", tool_calls=[("c1", "lookup", {"city": "Oslo"})], output_tokens=40),
+        FakeReply("", tool_calls=[("c2", "lookup", {"city": "Rome"})], output_tokens=40),
+        FakeReply(LONG, output_tokens=40),
+    )
+    agent = Agent("w", "Be brief.", provider(dialect, fake_server), tools=[lookup], retry=NO_WAIT)
+    async with Runtime.open(kv_url) as rt:
+        out = await rt.run(agent, "c", "weather?", limits={"max_output_tokens": 100})
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        assert "cut off at 20 output tokens: more would take output_tokens" in out.error["message"]
+        assert "past its ceiling of 100" in out.error["message"]
+        assert [r.body["max_tokens"] for r in fake_server.requests] == [100, 60, 20]
+        assert (await rt.usage(out.run_id))["output_tokens"] == 100
+        msgs = await rt.transcript("c")
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool", "assistant", "error"]
+        assert msgs[5]["stop_reason"] == "max_tokens" and msgs[5]["usage"]["output_tokens"] == 20
+        assert LONG.startswith(M.text_of(msgs[5])) and 0 < len(M.text_of(msgs[5])) < len(LONG)  # kept as far as it got
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+async def test_a_ceiling_used_up_exactly_refuses_the_next_call_unsent(dialect, fake_server, kv_url):
+    fake_server.enqueue(
+        FakeReply("", tool_calls=[("c1", "lookup", {"city": "Oslo"})], output_tokens=50),
+        FakeReply("never sent"),
+    )
+    agent = Agent("w", "Be brief.", provider(dialect, fake_server), tools=[lookup], retry=NO_WAIT)
+    async with Runtime.open(kv_url) as rt:
+        out = await rt.run(agent, "c", "weather?", limits={"max_output_tokens": 50})
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        assert "output_tokens would reach 51, past its ceiling of 50" in out.error["message"]
+        assert len(fake_server.requests) == 1  # the second call was never made
+        assert [r.text for r in fake_server.script] == ["never sent"]
+        assert [m["role"] for m in await rt.transcript("c")] == ["user", "assistant", "tool", "error"]
+        # a ceiling of 0 output tokens: not even the first call
+        fake_server.requests.clear()
+        out = await rt.run(agent, "d", "hi", limits={"max_output_tokens": 0})
+        assert out.status == "failed" and out.error["type"] == "usage_limit"
+        assert fake_server.requests == []
+
+
+async def test_openai_max_total_tokens_is_sent_as_the_room_after_the_input(fake_server):
+    """An OpenAI-compatible server gets max_tokens only when a ceiling bounds output: here
+    the total-tokens room after the context's estimate."""
+    fake_server.enqueue(FakeReply("Hello there.", input_tokens=5, output_tokens=4))
+    agent = Agent("w", "Be brief.", openai(fake_server))
+    in_est = estimate_context_tokens("Be brief.", [M.user("hi")])
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_total_tokens": 500})
+        assert out.ok, out
+        assert estimate_context_tokens("Be brief.", (await rt.transcript("c"))[:1]) == in_est
+    assert fake_server.requests[0].body["max_tokens"] == 500 - in_est
+
+
+@pytest.mark.parametrize("limits", [None, {"max_input_tokens": 10_000}, {"max_cost_micros": 10**9}])
+async def test_no_output_bounding_ceiling_sends_no_max_tokens_to_openai(limits, fake_server):
+    """Without a ceiling on output (none at all; one on input only; a cost ceiling on a model
+    whose output is free) the request is exactly as before: no max_tokens key, so a local
+    server's own default applies; Anthropic still sends its default."""
+    fake_server.enqueue(FakeReply("hi"), FakeReply("hi"))
+    pricing = {"gpt-test": Price(input_tokens=1), "claude-test": Price(input_tokens=1)}
+    async with Runtime.open("memory:", pricing=pricing) as rt:
+        assert (await rt.run(Agent("o", model=openai(fake_server)), "o", "hi", limits=limits)).ok
+        assert (await rt.run(Agent("a", model=anthropic(fake_server)), "a", "hi", limits=limits)).ok
+    assert "max_tokens" not in fake_server.requests[0].body
+    assert fake_server.requests[1].body["max_tokens"] == DEFAULT_MAX_TOKENS
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+async def test_a_cap_inside_the_room_is_sent_unchanged_and_its_own_stop_is_no_ceiling(dialect, fake_server):
+    """The agent's max_tokens fits the room: it is sent as is, and an answer its own cap
+    stopped is the model's answer (the run completes), not the ceiling's."""
+    fake_server.enqueue(FakeReply("A long answer, cut by the agent's own cap.", output_tokens=90))
+    agent = Agent("w", "", provider(dialect, fake_server), max_tokens=30)
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_output_tokens": 1_000})
+        assert out.ok, out
+        msgs = await rt.transcript("c")
+    assert fake_server.requests[0].body["max_tokens"] == 30
+    assert msgs[1]["stop_reason"] == "max_tokens" and msgs[1]["usage"]["output_tokens"] == 30
+
+
+async def test_a_retried_call_is_sent_with_the_same_clamp(fake_server):
+    """A transient failure before output is retried with the very figures the reserve gave."""
+    fake_server.enqueue(overloaded(), FakeReply("ok", output_tokens=3))
+    agent = Agent("w", "", anthropic(fake_server), retry=NO_WAIT)
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_output_tokens": 77})
+        assert out.ok, out
+    assert [r.body["max_tokens"] for r in fake_server.requests] == [77, 77]
+
+
+# ---------------------------------------------------------------------- thinking
+
+
+@pytest.mark.parametrize(
+    "ceiling, sent",
+    [
+        (5_000, (5_000, 2_048)),  # clamped, the budget still fits below it
+        (2_000, (2_000, 1_999)),  # clamped at or below the budget: the budget is lowered for the call
+        (MIN_THINKING_BUDGET + 1, (MIN_THINKING_BUDGET + 1, MIN_THINKING_BUDGET)),
+        (MIN_THINKING_BUDGET, None),  # no valid request fits: refused, nothing sent
+    ],
+)
+async def test_the_thinking_budget_stays_valid_under_a_clamp(ceiling, sent, fake_server):
+    fake_server.enqueue(FakeReply("ok", output_tokens=10))
+    agent = Agent("w", "", anthropic(fake_server, thinking_budget=2048, max_tokens=8192))
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c", "hi", limits={"max_output_tokens": ceiling})
+    if sent is None:
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        assert f"room for {ceiling} output tokens" in out.error["message"]
+        assert fake_server.requests == []
+        return
+    assert out.ok, out
+    body = fake_server.requests[0].body
+    assert (body["max_tokens"], body["thinking"]["budget_tokens"]) == sent
+    assert body["thinking"]["budget_tokens"] < body["max_tokens"]
+
+
+async def test_the_compaction_summariser_is_clamped_too(fake_server):
+    """The summariser's call counts against the ceiling like any other: sent with the room
+    (max_output_tokens=60, nothing used yet), then the model step with what it left."""
+    from loop.compaction import COMPACTION_SYSTEM
+
+    agent = Agent("t", "", anthropic(fake_server), compact_at_tokens=150, keep_recent=2)
+    async with Runtime.open("memory:") as rt:
+        for i in range(2):  # a history long enough that the next step compacts first
+            fake_server.enqueue(FakeReply("ok " + "x" * 200))
+            assert (await rt.run(agent, "c", f"question {i} " + "y" * 100)).ok
+        fake_server.requests.clear()
+        fake_server.enqueue(FakeReply("short summary", output_tokens=15), FakeReply("fine", output_tokens=2))
+        out = await rt.run(agent, "c", "one more " + "z" * 100, limits={"max_output_tokens": 60})
+        assert out.ok, out
+        assert (await rt.usage(out.run_id))["output_tokens"] == 17
+    assert [r.body.get("system") == COMPACTION_SYSTEM for r in fake_server.requests] == [True, False]
+    assert [r.body["max_tokens"] for r in fake_server.requests] == [60, 45]

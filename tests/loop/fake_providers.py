@@ -21,7 +21,9 @@ Scripted responses:
 * :class:`FakeBreak` — a stream that sends ``after`` events of a reply and
   then drops the connection without the terminating chunk;
 * :class:`FakeStreamError` — Anthropic's in-stream ``error`` event (or an
-  OpenAI ``data: {"error": ...}`` chunk) after ``after`` events.
+  OpenAI ``data: {"error": ...}`` chunk) after ``after`` events;
+* :class:`FakeHang` — no answer at all: the request is read and recorded, then the
+  server waits (a caller that dies mid-call).
 
 A reply honours the request's ``max_tokens`` as the real APIs do (see
 :func:`capped_reply`): a reply whose ``output_tokens`` exceed it is cut there and
@@ -42,6 +44,7 @@ __all__ = [
     "FakeError",
     "FakeBreak",
     "FakeStreamError",
+    "FakeHang",
     "FakeProviderServer",
     "RecordedRequest",
     "anthropic_events",
@@ -96,7 +99,14 @@ class FakeStreamError:
     message: str = "Overloaded"
 
 
-Scripted = Union[FakeReply, FakeError, FakeBreak, FakeStreamError]
+@dataclass
+class FakeHang:
+    """Never answered: ``received`` is set once the request is read (and recorded)."""
+
+    received: trio.Event = field(default_factory=trio.Event)
+
+
+Scripted = Union[FakeReply, FakeError, FakeBreak, FakeStreamError, FakeHang]
 
 
 @dataclass
@@ -350,6 +360,9 @@ class FakeProviderServer:
             item = self.script.pop(0)
             if isinstance(item, FakeReply):
                 item = capped_reply(dialect, item, req.body)
+            if isinstance(item, FakeHang):
+                item.received.set()
+                await trio.sleep_forever()
             if isinstance(item, FakeError):
                 await self._send_error(stream, dialect, item)
             elif isinstance(item, FakeReply):

@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
-from fake_providers import FakeReply, overloaded
+import kv
+
+from fake_providers import FakeHang, FakeReply, overloaded
 from loop import Agent, Price, Runtime, tool
 from loop import messages as M
 from loop.compaction import estimate_context_tokens
@@ -196,6 +199,39 @@ async def test_a_retried_call_is_sent_with_the_same_clamp(fake_server):
         out = await rt.run(agent, "c", "hi", limits={"max_output_tokens": 77})
         assert out.ok, out
     assert [r.body["max_tokens"] for r in fake_server.requests] == [77, 77]
+
+
+async def test_a_step_taken_over_after_a_crash_is_sent_with_the_same_clamp(fake_server):
+    """Process A dies during the run's second model call (sent with the 60 output tokens the
+    first call's 40 left of 100), its lease left to lapse; process B takes the run over and
+    makes that call again with the same figures (the reserve reads the same recorded totals
+    and the same context), and the run ends at exactly the ceiling."""
+    hang = FakeHang()
+    fake_server.enqueue(
+        FakeReply("", tool_calls=[("c1", "lookup", {"city": "Oslo"})], output_tokens=40),
+        hang,
+        FakeReply("Sunny.", output_tokens=60),
+    )
+    engine = kv.MemoryEngine()
+    agent = Agent("w", "Be brief.", anthropic(fake_server), tools=[lookup], retry=NO_WAIT)
+    limits = {"max_output_tokens": 100}
+    async with trio.open_nursery() as n:
+        async def doomed() -> None:
+            async with Runtime.open(db=engine.database(), workers=0, lease_seconds=0.2,
+                                    release_on_shutdown=False) as rt_a:
+                await rt_a.run(agent, "c", "weather?", submission_id="s", limits=limits)
+
+        n.start_soon(doomed)
+        await hang.received.wait()
+        n.cancel_scope.cancel()  # the process "dies" mid-call, its lease not released
+    async with Runtime.open(db=engine.database(), lease_seconds=0.2) as rt_b:
+        with trio.fail_after(10):
+            out = await rt_b.run(agent, "c", "weather?", submission_id="s", limits=limits)
+        assert out.ok and out.result == "Sunny.", out
+        assert (await rt_b.get_run(out.run_id)).attempt == 2
+        assert (await rt_b.usage(out.run_id))["output_tokens"] == 100
+    assert [r.body["max_tokens"] for r in fake_server.requests] == [100, 60, 60]
+    assert fake_server.requests[1].body == fake_server.requests[2].body
 
 
 # ---------------------------------------------------------------------- thinking

@@ -836,7 +836,11 @@ class Runner:
                               f"tokens: more would take {plan.clamped_by} past its ceiling of "
                               f"{self.claim.limits.get('max_' + plan.clamped_by)}"}
             final_outcome = {"status": "failed", "result": None, "error": err}
-            appended = [msg, {"role": "error", "error": err}]
+            # Its tool calls (arguments possibly cut) are answered as not run, so the
+            # transcript stays a valid context for the conversation's next run.
+            unrun = _dangling_results([msg], 0, reason="usage_limit",
+                                      text="The answer was cut off at the run's usage ceiling; this call was not run.")
+            appended = [msg, *unrun, {"role": "error", "error": err}]
         elif not calls:
             final_outcome, error_msg = self._final_outcome(msg)
             if error_msg is not None:

@@ -63,7 +63,8 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 @dataclass
 class FakeReply:
     text: str = ""
-    tool_calls: Sequence[tuple[str, str, dict[str, Any]]] = ()  # (id, name, arguments)
+    # (id, name, arguments): a dict, or the arguments' JSON text as streamed (possibly cut short)
+    tool_calls: Sequence[tuple[str, str, dict[str, Any] | str]] = ()
     input_tokens: int = 11
     output_tokens: int = 7
     # Prompt-cache figures, as each dialect reports them: Anthropic's cache_read_input_tokens /
@@ -152,6 +153,10 @@ def context_length_exceeded() -> FakeError:
     )
 
 
+def _args_text(args: dict[str, Any] | str) -> str:
+    return args if isinstance(args, str) else json.dumps(args)
+
+
 def _sse(event: str | None, data: Any) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
@@ -204,7 +209,7 @@ def anthropic_events(r: FakeReply) -> list[bytes]:
         ev.append(
             _sse("content_block_delta", {"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": ""}})
         )
-        for piece in _split(json.dumps(args), 4):
+        for piece in _split(_args_text(args), 4):
             ev.append(
                 _sse(
                     "content_block_delta",
@@ -239,7 +244,7 @@ def openai_events(r: FakeReply) -> list[bytes]:
         ev.append(
             chunk({"tool_calls": [{"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]})
         )
-        for piece in _split(json.dumps(args), 4):
+        for piece in _split(_args_text(args), 4):
             ev.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
     stop = r.stop_reason or ("tool_calls" if r.tool_calls else "stop")
     ev.append(chunk({}, stop))
@@ -266,15 +271,26 @@ def capped_reply(dialect: str, r: FakeReply, body: Any) -> FakeReply:
     """``r`` as a server honouring the request's ``max_tokens`` sends it (OpenAI's newer
     ``max_completion_tokens`` too). Under the cap: unchanged. Over it: the output stops at
     the cap, as the APIs stop generating — the reply's ``output_tokens`` are taken as spread
-    evenly over its text, so the text keeps its share, and the tool calls that would have come
-    after it are not sent; the stop reason says why and usage reports the cap."""
+    evenly over its text and its tool calls' argument JSON, in stream order, so the text keeps
+    its share, a tool call the cut falls in is sent with its arguments' JSON cut short (as a
+    real stream stops mid ``input_json_delta``), the calls after it are not sent; the stop
+    reason says why and usage reports the cap."""
     mt = None
     if isinstance(body, dict):
         mt = body.get("max_tokens", body.get("max_completion_tokens"))
     if not isinstance(mt, int) or r.output_tokens <= mt:
         return r
-    keep = len(r.text) * mt // r.output_tokens
-    return replace(r, text=r.text[:keep], tool_calls=(), output_tokens=mt,
+    args = [_args_text(a) for _, _, a in r.tool_calls]
+    keep = (len(r.text) + sum(map(len, args))) * mt // r.output_tokens
+    text = r.text[:keep]
+    keep -= len(text)
+    calls: list[tuple[str, str, dict[str, Any] | str]] = []
+    for (call_id, name, _), a in zip(r.tool_calls, args):
+        if keep <= 0:
+            break
+        calls.append((call_id, name, a[:keep]))
+        keep -= len(a)
+    return replace(r, text=text, tool_calls=tuple(calls), output_tokens=mt,
                    stop_reason="max_tokens" if dialect == "anthropic" else "length")
 
 

@@ -10,6 +10,7 @@ request's ``max_tokens`` the way the real APIs do (it stops there: ``max_tokens`
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -127,6 +128,41 @@ async def test_max_output_tokens_holds_across_calls(dialect, fake_server, kv_url
         assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool", "assistant", "error"]
         assert msgs[5]["stop_reason"] == "max_tokens" and msgs[5]["usage"]["output_tokens"] == 20
         assert LONG.startswith(M.text_of(msgs[5])) and 0 < len(M.text_of(msgs[5])) < len(LONG)  # kept as far as it got
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+async def test_a_tool_call_cut_by_the_ceiling_is_not_run(dialect, fake_server):
+    """The ceiling cuts the answer inside a tool call's arguments: the call is not run (its
+    arguments are a fragment), it is answered as not run so the transcript stays a valid
+    context, and the run fails usage_limit; the conversation's next run sends that context."""
+    ran: list[str] = []
+
+    @tool
+    def lookup(city: str) -> str:
+        """Look a city up."""
+        ran.append(city)
+        return f"{city}: sunny"
+
+    args = {"city": "Oslo", "detail": "hourly"}
+    text = "Let me check."
+    n = len(text) + len(json.dumps(args))
+    fake_server.enqueue(FakeReply(text, tool_calls=[("call_9", "lookup", args)], output_tokens=n),
+                        FakeReply("Hello again."))
+    agent = Agent("w", "", provider(dialect, fake_server), tools=[lookup], retry=NO_WAIT)
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "c", "weather?", limits={"max_output_tokens": len(text) + 5})
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        msgs = await rt.transcript("c")
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "error"]
+        call = M.tool_calls_of(msgs[1])[0]
+        assert call["arguments"] == {"_raw": json.dumps(args)[:5]}  # the fragment the server sent
+        result = msgs[2]["content"][0]
+        assert result["call_id"] == call["id"] and result["is_error"] and result["reason"] == "usage_limit"
+        assert ran == []
+        again = await rt.run(agent, "c", "hello?")
+        assert again.ok and again.result == "Hello again."
+    sent = json.dumps(fake_server.requests[1].body)
+    assert "this call was not run" in sent and call["id"] in sent
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])

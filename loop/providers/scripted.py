@@ -9,6 +9,28 @@ call's messages to an item.  Items:
 * :class:`BreakAfter` — a reply whose stream breaks after ``after`` output
   events (the "stream broken after output" case).
 
+A :class:`Reply` may open with reasoning (``reply(..., thinking=[...])``):
+:class:`ThinkingBlock` (text and signature) and :class:`RedactedBlock`
+(opaque data), streamed exactly as :class:`~loop.providers.AnthropicProvider`
+turns Anthropic's extended-thinking stream into events — before the text and
+tool calls, block ``k`` of ``n`` at index ``k``, a thinking block as
+:class:`ThinkingDelta` pieces then one :class:`ThinkingSignature`, a redacted
+block as one :class:`RedactedThinking`, then the text at index ``n`` and the
+tool calls after it — so tests and the simulator exercise reasoning (journaled
+as ``thinking`` parts, passed back first in the assistant turn) offline.
+Reasoning is billed as output (as Anthropic bills it): the default usage counts
+its characters in ``output_tokens``; the input count of a scripted call leaves
+reasoning parts of the context out, as the loop's own context estimate does.
+
+A call's ``max_tokens`` is honoured as a provider honours it: a reply whose
+default usage would pass it is cut there (reasoning, then text, then tool
+calls, in stream order; the part that does not fit is cut at the room left — a
+tool call part-way through its arguments JSON — and everything after it
+dropped), stops with ``max_tokens`` and reports at most that many output
+tokens — so a usage ceiling the loop enforces by lowering ``max_tokens`` holds
+with a scripted model too, and the loop meets answers cut as a provider cuts
+them.  A reply with an explicit ``usage`` is played as written.
+
 Tool-call ids derive from the position in the context
 (``call_<n messages>_<i>``), so a script replayed after a restart produces the
 same ids and an id is unique within a transcript.
@@ -29,17 +51,35 @@ from ..errors import (
     TransientProviderError,
 )
 from ..messages import Message, text_of
-from .base import STOP_END, STOP_TOOL_USE, Finish, StreamEvent, TextDelta, ToolCallDelta, ToolCallStart, ToolSpec, Usage
+from .base import (
+    STOP_END,
+    STOP_MAX_TOKENS,
+    STOP_TOOL_USE,
+    Finish,
+    RedactedThinking,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ThinkingSignature,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolSpec,
+    Usage,
+)
 
 __all__ = [
     "Reply",
     "Fail",
     "BreakAfter",
+    "ThinkingBlock",
+    "RedactedBlock",
     "ScriptItem",
     "ScriptedModel",
     "EchoModel",
     "reply",
     "tool_call",
+    "thinking",
+    "redacted_thinking",
     "transient",
     "overflow",
     "permanent",
@@ -49,13 +89,33 @@ __all__ = [
 
 # The default text chunk size of scripted streams (characters per delta).
 DEFAULT_CHUNK = 16
+# Output tokens a tool call counts for in a scripted reply's default usage.
+TOOL_CALL_TOKENS = 8
+# Characters per token of the scripted models' estimate (estimate_tokens).
+CHARS_PER_TOKEN = 4
 
-assert DEFAULT_CHUNK > 0
+assert DEFAULT_CHUNK > 0 and TOOL_CALL_TOKENS > 0 and CHARS_PER_TOKEN > 0
 
 
 def estimate_tokens(text: str) -> int:
     """A rough token count (4 characters a token), used where no tokenizer exists."""
-    return max(1, (len(text) + 3) // 4) if text else 0
+    return max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN) if text else 0
+
+
+@dataclass(frozen=True)
+class ThinkingBlock:
+    """A reasoning block: its text (streamed in pieces) and the signature that closes it
+    (sent as one event; an empty signature sends none, as the provider does)."""
+
+    text: str
+    signature: str
+
+
+@dataclass(frozen=True)
+class RedactedBlock:
+    """A reasoning block the provider encrypted: ``data`` arrives whole, in one event."""
+
+    data: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +124,7 @@ class Reply:
     tool_calls: Sequence[Mapping[str, Any]] = ()  # {"name", "arguments", optional "id"}
     usage: Usage | None = None
     stop_reason: str | None = None
+    thinking: Sequence[ThinkingBlock | RedactedBlock] = ()  # reasoning, streamed before the text
 
 
 @dataclass(frozen=True)
@@ -83,8 +144,27 @@ class BreakAfter:
 ScriptItem = Union[Reply, Fail, BreakAfter, str]
 
 
-def reply(text: str = "", *calls: Mapping[str, Any], usage: Usage | None = None, stop_reason: str | None = None) -> Reply:
-    return Reply(text, tuple(calls), usage, stop_reason)
+def reply(
+    text: str = "",
+    *calls: Mapping[str, Any],
+    usage: Usage | None = None,
+    stop_reason: str | None = None,
+    thinking: Sequence[ThinkingBlock | RedactedBlock] = (),
+) -> Reply:
+    for b in thinking:
+        if not isinstance(b, (ThinkingBlock, RedactedBlock)):
+            raise TypeError(f"a reasoning block is a ThinkingBlock or a RedactedBlock, not {type(b).__name__}")
+    return Reply(text, tuple(calls), usage, stop_reason, tuple(thinking))
+
+
+def thinking(text: str, signature: str) -> ThinkingBlock:
+    """A reasoning block for ``reply(..., thinking=[...])``."""
+    return ThinkingBlock(text, signature)
+
+
+def redacted_thinking(data: str) -> RedactedBlock:
+    """An encrypted reasoning block for ``reply(..., thinking=[...])``."""
+    return RedactedBlock(data)
 
 
 def tool_call(name: str, arguments: Mapping[str, Any] | None = None, *, id: str | None = None) -> dict[str, Any]:
@@ -131,7 +211,11 @@ async def _stream_reply(
     delay: float,
     break_after: int | None = None,
     break_error: ProviderError | None = None,
+    max_tokens: int | None = None,
 ) -> AsyncIterator[StreamEvent]:
+    output: int | None = None
+    if max_tokens is not None and r.usage is None and _output_tokens(r) > max_tokens:
+        r, output = _cut(r, max_tokens)
     emitted = 0
     paced = bool(delay) or break_after is not None  # (else an event needs no tick at all)
 
@@ -144,23 +228,101 @@ async def _stream_reply(
             assert break_error is not None
             raise break_error
 
+    # Anthropic numbers a response's content blocks in order: reasoning blocks 0..n-1, the
+    # text block n, then the tool_use blocks (loop.providers.anthropic passes the block index
+    # through as each event's index).  Without reasoning the numbering is the scripted
+    # model's own (tool call i at i + 1): indexes only pair a delta with its block.
+    n = len(r.thinking)
+    for k, block in enumerate(r.thinking):
+        if isinstance(block, ThinkingBlock):
+            for i in range(0, len(block.text), chunk):
+                yield ThinkingDelta(block.text[i : i + chunk], k)
+                if paced:
+                    await tick()
+            if block.signature:
+                yield ThinkingSignature(k, block.signature)
+                if paced:
+                    await tick()
+        else:
+            yield RedactedThinking(k, block.data)
+            if paced:
+                await tick()
     for i in range(0, len(r.text), chunk):
-        yield TextDelta(r.text[i : i + chunk], 0)
+        yield TextDelta(r.text[i : i + chunk], n)
         if paced:
             await tick()
+    first_call = n + 1 if (r.text or not n) else n
     for i, tc in enumerate(r.tool_calls):
         call_id = tc.get("id") or f"call_{len(messages)}_{i}"
-        yield ToolCallStart(i + 1, call_id, tc["name"])
+        yield ToolCallStart(first_call + i, call_id, tc["name"])
         if paced:
             await tick()
-        yield ToolCallDelta(i + 1, json.dumps(tc.get("arguments") or {}))
-        if paced:
-            await tick()
+        args = tc["partial_arguments"] if "partial_arguments" in tc else json.dumps(tc.get("arguments") or {})
+        if args:  # (a call cut right after its start sends no arguments, as Anthropic's stream)
+            yield ToolCallDelta(first_call + i, args)
+            if paced:
+                await tick()
     if break_after is not None:
         assert break_error is not None
         raise break_error
-    usage = r.usage or Usage(_context_tokens(system, messages), estimate_tokens(r.text) + 8 * len(r.tool_calls))
+    usage = r.usage or Usage(_context_tokens(system, messages), _output_tokens(r) if output is None else output)
     yield Finish(r.stop_reason or (STOP_TOOL_USE if r.tool_calls else STOP_END), usage)
+
+
+def _output_tokens(r: Reply) -> int:
+    """A reply's default output tokens: its text, TOOL_CALL_TOKENS a tool call, and its
+    reasoning (billed as output)."""
+    n = estimate_tokens(r.text) + TOOL_CALL_TOKENS * len(r.tool_calls)
+    for b in r.thinking:
+        n += estimate_tokens(b.text if isinstance(b, ThinkingBlock) else b.data)
+    return n
+
+
+def _cut(r: Reply, max_tokens: int) -> tuple[Reply, int]:
+    """``r`` as a provider stops it at ``max_tokens`` output tokens, and the output tokens it
+    then reports (at most ``max_tokens``): its content in stream order while it fits; what
+    does not is cut at the room left — a thinking block or the text shortened (a thinking
+    block cut short has no signature yet), a tool call's arguments JSON cut mid-way (as a
+    stream stops inside ``input_json_delta``; its start is sent if any room is left), a
+    redacted block (one event) dropped — and nothing after the cut is sent.  Stop reason
+    ``max_tokens``."""
+    room = max_tokens
+    blocks: list[ThinkingBlock | RedactedBlock] = []
+
+    def stop(text: str = "", calls: tuple[Mapping[str, Any], ...] = ()) -> tuple[Reply, int]:
+        return Reply(text, calls, None, STOP_MAX_TOKENS, tuple(blocks)), max_tokens - room
+
+    for b in r.thinking:
+        if isinstance(b, ThinkingBlock):
+            n = estimate_tokens(b.text)
+            if n > room:
+                if room:
+                    blocks.append(ThinkingBlock(b.text[: room * CHARS_PER_TOKEN], ""))
+                    room = 0
+                return stop()
+        else:
+            n = estimate_tokens(b.data)
+            if n > room:
+                return stop()
+        blocks.append(b)
+        room -= n
+    n = estimate_tokens(r.text)
+    if n > room:
+        text, room = r.text[: room * CHARS_PER_TOKEN], 0
+        return stop(text)
+    room -= n
+    calls: list[Mapping[str, Any]] = []
+    for tc in r.tool_calls:
+        if room >= TOOL_CALL_TOKENS:
+            calls.append(tc)
+            room -= TOOL_CALL_TOKENS
+            continue
+        if room:
+            args = json.dumps(tc.get("arguments") or {})
+            calls.append({**tc, "partial_arguments": args[: len(args) * room // TOOL_CALL_TOKENS]})
+            room = 0
+        break
+    return stop(r.text, tuple(calls))
 
 
 async def _fail(error: BaseException) -> AsyncIterator[StreamEvent]:
@@ -231,8 +393,10 @@ class ScriptedModel:
                 delay=self.delay,
                 break_after=item.after,
                 break_error=item.error,
+                max_tokens=max_tokens,
             )
-        return _stream_reply(item, system=system, messages=messages, chunk=self.chunk, delay=self.delay)
+        return _stream_reply(item, system=system, messages=messages, chunk=self.chunk, delay=self.delay,
+                             max_tokens=max_tokens)
 
     async def aclose(self) -> None:
         pass

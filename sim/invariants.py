@@ -26,8 +26,12 @@ cancel_is_durable              7        an acknowledged cancel ends the run canc
 journal_ordered                9        positions strictly increasing, no duplicates
 journal_replay_equals_live     9        what followers saw live == the replay
 journal_matches_state          9        each run: one run.queued, one settle event = its state
-usage_once_per_step            10       one usage record per (run, step)
-usage_within_ceiling           10       recorded tokens never pass a run's token ceiling
+usage_once_per_step            10       one usage record per (run, step), journaled as recorded
+usage_total_is_sum             10       a run's totals (tokens, cost) == the sum of its steps' records
+cost_matches_price             10       a step's cost_micros == its price applied to its tokens
+usage_within_ceiling           10       a run's tokens and cost never pass its ceilings
+thinking_first_once            2        an answer's reasoning parts come first, as streamed, once
+thinking_passed_back           2        the next request carries a turn's reasoning first, unmodified
 fork_is_prefix                 2        a fork holds exactly the parent's first N messages
 kv_serializable                (kv)     the oracle replays the history (sim.oracle)
 no_unexpected_exception        -        the runtime never died of its own accord
@@ -42,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from loop import Runtime
 from loop import messages as M
+from loop.pricing import FREE, cost_micros
+from sessions.codec import loads, unpack_i64
 
 if TYPE_CHECKING:
     from .harness import Checker
@@ -54,12 +60,14 @@ INVARIANTS: dict[str, int | None] = {
     "attempts_bounded": 4, "transcript_tool_results": 2, "tool_call_ids_unique": 2, "no_duplicate_turn": 2, "tool_at_most_once": 3,
     "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
     "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
-    "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "usage_within_ceiling": 10, "fork_is_prefix": 2,
+    "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "usage_total_is_sum": 10, "cost_matches_price": 10, "usage_within_ceiling": 10,
+    "thinking_first_once": 2, "thinking_passed_back": 2, "fork_is_prefix": 2,
     "kv_serializable": None, "no_unexpected_exception": None, "quiescence": 4,
 }
 
 _EFFECT_KEY = re.compile(r"ok \[([^\]]+)\]")
 SETTLED_EVENTS = {"run.completed", "run.failed", "run.cancelled"}
+_REASONING = ("thinking", "redacted_thinking")
 
 
 async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
@@ -98,14 +106,6 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         if err.get("type") == "retry_exhausted":
             expect(info.status == "failed", "attempts_bounded", 4, f"run {run_id} exhausted but {info.status}")
         turn = next((t for t in sc.turns if t.submission_id == sub), None)
-        ceiling = ((turn.limits or {}) if turn is not None else {}).get("max_total_tokens")
-        if ceiling is not None:
-            used = sum(int(u.get("input_tokens", 0)) + int(u.get("output_tokens", 0))
-                       for e in await journal_of(info.conversation)
-                       if e.type == "usage.updated" and (e.data or {}).get("run_id") == run_id
-                       for u in [(e.data or {}).get("usage") or {}])
-            expect(used <= ceiling, "usage_within_ceiling", 10,
-                   f"run {run_id} recorded {used} tokens past its ceiling of {ceiling}")
         if turn is not None and turn.expect_error and not world.plan.buggify:
             expect(info.status == "failed" and err.get("type") == turn.expect_error, "attempts_bounded", 4,
                    f"run {run_id} ended {info.status} ({err.get('type')}), want failed {turn.expect_error}")
@@ -116,19 +116,38 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
                    f"run {run_id} was {before} when its cancel was acknowledged, but ended {info.status}")
 
     # ---- promise 5: the settle write came from the run's latest lease (fencing token)
+    # ---- promise 10: the ledger's usage records per (run, step) and its per-run totals
     ledger = getattr(rt.store, "ledger", None)
     read_run = getattr(ledger, "_run", None)  # private record: the token that settled vs the latest claim
+    usage_of: dict[str, tuple[dict[str, dict[str, int]], dict[str, int]]] = {}  # run -> (steps, totals)
     if read_run is not None:
         run_ids = sorted(sc.run_of.values())
+        keys = ledger.keys  # type: ignore[union-attr]
 
-        async def read_all(tr: Any) -> list[dict[str, Any]]:  # read-only
-            return [await read_run(tr, run_id) for run_id in run_ids]
+        async def read_all(tr: Any) -> list[Any]:  # read-only
+            out = []
+            for run_id in run_ids:
+                # ("u", run, "s", step): a step's CBOR record; ("u", run, "t", field): an int64 total
+                steps: dict[str, dict[str, int]] = {}
+                totals: dict[str, int] = {}
+                r = keys.base.range(("u", run_id))
+                for row in await tr.get_range(r.start, r.stop):
+                    _, _, kind, name = keys.unpack(row.key)
+                    if kind == "s":
+                        steps[name] = loads(row.value)
+                    else:
+                        totals[name] = unpack_i64(row.value)
+                out.append((await read_run(tr, run_id), steps, totals))
+            return out
 
-        for run_id, rec in zip(run_ids, await checker.db.transact(read_all)):
+        for run_id, (rec, steps, totals) in zip(run_ids, await checker.db.transact(read_all)):
             tok, claims = rec.get("settled_token"), rec.get("claims")
             if tok is not None and claims is not None:
                 expect(tok == claims, "no_stale_lease_writes", 5,
                        f"run {run_id} was settled under lease token {tok} after claim {claims} took it over")
+            usage_of[run_id] = (steps, totals)
+            _check_usage(checker, sc, run_id, steps, totals)
+
 
     # ---- promise 3: effects counted outside the process
     for key, n in sorted(world.effects.items()):
@@ -139,10 +158,15 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         msgs = transcripts[conv] = await rt.transcript(conv)
         events = await journal_of(conv)
         _check_transcript(checker, conv, msgs, world.effects)
+        _check_reasoning(checker, sc, conv, msgs, runs_by_conv.get(conv, []))
         _check_journal(checker, conv, events, sc.followed.get(conv))
+        _check_usage_journaled(checker, conv, events, usage_of, sc.journal_retention is not None)
         trimmed = sc.journal_retention is not None  # older events may be gone: check what is retained
         _check_runs_in_journal(checker, conv, events, trimmed)
         _check_journal_matches_state(checker, conv, events, runs_by_conv.get(conv, []), trimmed)
+
+    for refusal in sc.thinking_refused:
+        expect(False, "thinking_passed_back", 2, f"the model was sent a reasoning turn without its reasoning first: {refusal}")
 
     # ---- fork
     for parent, fork, at in sc.forks:
@@ -160,6 +184,106 @@ async def _all_events(rt: Runtime, conv: str) -> list[Any]:
         if len(page.events) < 10_000:
             return out
         after = page.events[-1].cursor
+
+
+def _check_usage(checker: "Checker", sc: "RuntimeScenario", run_id: str, steps: dict[str, dict[str, int]],
+                 totals: dict[str, int]) -> None:
+    """Promise 10 in the ledger: each step's cost is its price applied to its recorded tokens (the
+    runtime's price, recomputed here), the run's totals are the sum of its step records (a figure
+    counted twice, or a record lost, shows here), and the totals stay within the run's ceilings."""
+    expect = checker.expect
+    price = (sc.pricing or {}).get("scripted", FREE)  # (every sim agent's model is a ScriptedModel)
+    summed: dict[str, int] = {}
+    for step, rec in sorted(steps.items()):
+        want = cost_micros(price, rec)
+        expect(rec.get("cost_micros", 0) == want, "cost_matches_price", 10,
+               f"run {run_id} step {step}: cost_micros {rec.get('cost_micros', 0)}, but its tokens "
+               f"{ {k: v for k, v in rec.items() if k != 'cost_micros'} } cost {want}")
+        for k, v in rec.items():
+            summed[k] = summed.get(k, 0) + v
+    for k in sorted(set(summed) | set(totals)):
+        expect(totals.get(k, 0) == summed.get(k, 0), "usage_total_is_sum", 10,
+               f"run {run_id}: total {k} is {totals.get(k, 0)}, its {len(steps)} step records sum to {summed.get(k, 0)}")
+    turn = next((t for t in sc.turns if sc.run_of.get(t.submission_id) == run_id), None)
+    for name, ceiling in sorted(((turn.limits or {}) if turn is not None else {}).items()):
+        used = totals.get(name[4:], 0)
+        expect(used <= ceiling, "usage_within_ceiling", 10, f"run {run_id} recorded {name[4:]} {used}, past its ceiling of {ceiling}")
+
+
+def _check_usage_journaled(checker: "Checker", conv: str, events: list[Any],
+                           usage_of: dict[str, tuple[dict[str, dict[str, int]], dict[str, int]]], trimmed: bool) -> None:
+    """Each usage.updated event carries exactly the figures the ledger recorded for its (run, step),
+    and (within retention) every recorded step was journaled."""
+    seen: set[tuple[str, str]] = set()
+    for e in events:
+        if e.type != "usage.updated":
+            continue
+        d = e.data or {}
+        run_id, step = d.get("run_id"), d.get("step")
+        seen.add((run_id, step))
+        if run_id in usage_of:
+            rec = usage_of[run_id][0].get(step)
+            checker.expect(rec == d.get("usage"), "usage_once_per_step", 10,
+                           f"{conv}: usage.updated of {run_id} step {step} says {d.get('usage')}, the ledger {rec}")
+    if trimmed:
+        return
+    runs = {(e.data or {}).get("run_id") for e in events if e.type == "run.queued"}
+    for run_id in sorted(runs & set(usage_of)):
+        for step in sorted(usage_of[run_id][0]):
+            checker.expect((run_id, step) in seen, "usage_once_per_step", 10,
+                           f"{conv}: usage of {run_id} step {step} was recorded but never journaled")
+
+
+def _check_reasoning(checker: "Checker", sc: "RuntimeScenario", conv: str, msgs: list[dict[str, Any]],
+                     runs: list[Any]) -> None:
+    """Reasoning (extended thinking) in the transcript: every assistant message holds exactly the
+    reasoning its model call streamed (thinking text, signature, redacted data unmodified), before
+    its text and tool calls; each ``think`` step's answer is persisted at most once, and a completed
+    ``think`` run holds both of its steps (a resumed run neither repeats nor drops one) — unless a
+    compaction (a provider overflow in random mode) summarised the turn, after which the scripted
+    model no longer sees the turn's text and answers the summary instead."""
+    from .scenarios import reasoning_parts, think_blocks, think_reply_text
+
+    expect = checker.expect
+    expected: dict[str, list[dict[str, Any]]] = {}  # answer text -> its reasoning parts
+    completed: list[str] = []
+    status = {i.run_id: i.status for i in runs}
+    for t in sc.turns:
+        if t.mode == "think" and t.conversation == conv:
+            for step in (0, 1):
+                expected[think_reply_text(t.text, step)] = reasoning_parts(think_blocks(t.text, step))
+            if status.get(sc.run_of.get(t.submission_id, "")) == "completed":
+                completed += [think_reply_text(t.text, 0), think_reply_text(t.text, 1)]
+    if not expected and not any(p.get("type") in _REASONING for m in msgs if m.get("role") == "assistant"
+                                for p in m.get("content") or () if isinstance(m.get("content"), list)):
+        return  # (the common case: no reasoning anywhere)
+    persisted: dict[str, int] = {}
+    for i, m in enumerate(msgs):
+        if m.get("role") != "assistant" or not isinstance(m.get("content"), list):
+            continue
+        parts = m["content"]
+        reasoning = [p for p in parts if p.get("type") in _REASONING]
+        lead = parts[: len(reasoning)]
+        text = M.text_of(m)
+        want = expected.get(text, [])
+        if text in expected:
+            persisted[text] = persisted.get(text, 0) + 1
+        expect(lead == reasoning, "thinking_first_once", 2,
+               f"{conv}: message {i} has reasoning after its text or tool calls: {[p.get('type') for p in parts]}")
+        expect(reasoning == want, "thinking_first_once", 2,
+               f"{conv}: message {i} ({text!r}) carries reasoning {_describe_parts(reasoning)}, "
+               f"its model call streamed {_describe_parts(want)}")
+    for text, n in sorted(persisted.items()):
+        expect(n == 1, "thinking_first_once", 2, f"{conv}: the reasoning answer {text!r} was persisted {n} times")
+    if any(m.get("role") == "compaction" for m in msgs):
+        completed = []  # a summary replaced the turn's text: the script then answers from the summary
+    for text in completed:
+        expect(text in persisted, "thinking_first_once", 2,
+               f"{conv}: a completed reasoning run lacks its answer {text!r} (and its reasoning)")
+
+
+def _describe_parts(parts: list[dict[str, Any]]) -> str:
+    return "[" + ", ".join(f"{p.get('type')}({str(p.get('signature') or p.get('data') or '')[-8:]})" for p in parts) + "]"
 
 
 def _strip(msgs: list[dict[str, Any]]) -> list[Any]:

@@ -17,6 +17,7 @@ counter inside a process, so a restarted process replays the same script.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +27,10 @@ import trio
 
 from loop import Agent, Clock, RetryPolicy, Runtime, ScriptedModel, ToolContext, tool
 from loop import messages as M
-from loop.providers import broken, overflow, permanent, reply, tool_call, transient
+from loop.pricing import Price
+from loop.providers import BreakAfter, broken, overflow, permanent, reply, tool_call, transient
+from loop.providers.anthropic import to_anthropic_messages
+from loop.providers.scripted import RedactedBlock, ThinkingBlock, redacted_thinking, thinking
 
 from .harness import Checker, Scenario
 from .world import Process, ProcessDied, World
@@ -46,7 +50,20 @@ CHAOS_SECONDS = 60.0
 CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
 SETTLED = ("completed", "failed", "cancelled")
 
-assert CLOG_SECONDS > SIM_LEASE_SECONDS
+# The scripted model's price in priced scenarios (micro-units per million tokens: $3 in, $15 out),
+# under the key ``Runtime(pricing=...)`` looks a ScriptedModel up by (its name).
+SIM_PRICE = Price(input_tokens=3_000_000, output_tokens=15_000_000)
+SIM_PRICING = {"scripted": SIM_PRICE}
+# The priced agent's max_tokens: the loop reserves a call's output at max_tokens (no output is
+# reserved without one), so a cost ceiling is a promise only when every answer fits in it. The
+# scripted answers of priced turns are at most ~20 output tokens (a line of text and a tool call).
+SIM_MAX_TOKENS = 64
+# Seconds between the events of a reasoning answer's stream (the thinking agent): its stream
+# outlasts the loop's FLUSH_INTERVAL, so parts are journaled mid-stream (a write to crash at
+# between the first reasoning delta and the persisted message).
+SIM_THINK_EVENT_SECONDS = 0.02
+
+assert CLOG_SECONDS > SIM_LEASE_SECONDS and SIM_MAX_TOKENS > 0 and SIM_THINK_EVENT_SECONDS > 0
 
 
 # The simulated process whose task is running (set at boot; trio tasks inherit it).
@@ -108,6 +125,33 @@ def _script(messages: list, tools: list) -> Any:
     return CURRENT_SCENARIO.get().model_script(messages, tools)
 
 
+def _sign(*parts: str) -> str:
+    """The simulated provider's signature over a reasoning block (opaque to the loop, checkable here)."""
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def think_reply_text(turn_text: str, step: int) -> str:
+    """The answer text of step ``step`` (0: the tool call, 1: the final answer) of a ``think`` turn."""
+    return f"{turn_text}: using a tool" if step == 0 else f"{turn_text}: thought it through"
+
+
+def think_blocks(turn_text: str, step: int) -> tuple[ThinkingBlock | RedactedBlock, ...]:
+    """The reasoning of step ``step`` of a ``think`` turn: a signed thinking block (several deltas
+    long), and in the tool-calling step a redacted block after it — a function of the turn's text,
+    so a model call replayed after a crash streams the same blocks."""
+    text = f"reasoning about {turn_text!r} at step {step}: " + "why " * 12
+    blocks: list[ThinkingBlock | RedactedBlock] = [thinking(text, "sig-" + _sign(text))]
+    if step == 0:
+        blocks.append(redacted_thinking("redacted-" + _sign("redacted", turn_text, str(step))))
+    return tuple(blocks)
+
+
+def reasoning_parts(blocks: tuple[ThinkingBlock | RedactedBlock, ...]) -> list[dict[str, Any]]:
+    """The parts the loop persists for ``blocks`` (loop.providers.base.ResponseBuilder's shape)."""
+    return [{"type": "thinking", "thinking": b.text, "signature": b.signature} if isinstance(b, ThinkingBlock)
+            else {"type": "redacted_thinking", "data": b.data} for b in blocks]
+
+
 class SimClock(Clock):
     """The runtime's wall clock on the world's virtual time."""
 
@@ -132,7 +176,7 @@ class Turn:
     resubmit: bool = False  # submit the same id again after the ack (a duplicate)
     conflict: bool = False  # then submit the same id with a different request
     expect_error: str | None = None  # the run must settle failed with this error type
-    limits: dict[str, int] | None = None  # usage ceilings
+    limits: dict[str, int] | None = None  # usage ceilings (max_total_tokens, max_cost_micros)
 
     @property
     def text(self) -> str:
@@ -158,6 +202,7 @@ class RuntimeScenario(Scenario):
     max_attempts = SIM_MAX_ATTEMPTS
     journal_retention: int | None = None  # None: the runtime's default
     follower_pause = 0.0  # a slow reader (virtual seconds per event) falls behind retention
+    pricing: dict[str, Price] | None = None  # the runtimes' pricing (SIM_PRICING: the scripted model priced)
 
     def __init__(self, world: World) -> None:
         super().__init__(world)
@@ -175,6 +220,9 @@ class RuntimeScenario(Scenario):
         self._agents: dict[str, Agent] | None = None
         self._settled = False  # every acknowledged run was seen settled (runs never unsettle)
         self.behind: dict[str, int] = {}  # conversation -> times its follower was told it fell behind
+        # What the scripted "API" refused as Anthropic would (400): a request after a reasoning turn
+        # whose assistant turn did not start with that turn's reasoning, unmodified.
+        self.thinking_refused: list[str] = []
 
     def make_turns(self) -> list[Turn]:
         return [Turn("c1", "plain", "s1")]
@@ -212,6 +260,8 @@ class RuntimeScenario(Scenario):
         if b("provider.broken", 0.1):
             world.fault("provider.broken")
             return broken("a partial answer that breaks", after=1)
+        if mode == "think":
+            return self._think_script(text, messages, results)
         if mode == "retry" and calls[key] <= 2:
             return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
         if mode in ("tool", "approve", "cancel", "stale"):
@@ -230,6 +280,29 @@ class RuntimeScenario(Scenario):
         if mode == "compact":
             return "a long answer " + "x" * 300
         return f"answer to {text}"
+
+    def _think_script(self, text: str, messages: list, results: int) -> Any:
+        """A reasoning model: step 0 thinks, then calls a tool; step 1 thinks again and answers.
+        Like Anthropic's API with tools, it refuses a request whose assistant turns do not start
+        with their reasoning, unmodified (the API answers 400): recorded for ``thinking_passed_back``."""
+        if results:
+            want = reasoning_parts(think_blocks(text, 0))  # (the wire blocks have the parts' shape)
+            first = think_reply_text(text, 0)
+            for turn in to_anthropic_messages(messages):
+                blocks = turn["content"]
+                if turn["role"] == "assistant" and any(b.get("text") == first for b in blocks):
+                    if blocks[: len(want)] != want or sum(b["type"] in ("thinking", "redacted_thinking")
+                                                          for b in blocks) != len(want):
+                        self.thinking_refused.append(f"{text!r}: the assistant turn was sent as "
+                                                     f"{[b['type'] for b in blocks]}")
+                        return permanent("messages: thinking blocks must be passed back unmodified, first")
+        step = 1 if results else 0
+        r = reply(think_reply_text(text, step), *([tool_call("effect", {"n": 1})] if step == 0 else []),
+                  thinking=think_blocks(text, step))
+        if self.world.buggify("provider.broken.thinking", 0.1):  # the stream breaks mid-reasoning
+            self.world.fault("provider.broken")
+            return BreakAfter(r, after=2)
+        return r
 
     async def do_effect(self, ctx: ToolContext, what: str) -> str:
         """A tool's external side effect, counted by the world outside every process."""
@@ -259,14 +332,28 @@ class RuntimeScenario(Scenario):
         RetryPolicy's jitter PRNG is seeded from the world's when it is made, and a ScriptedModel
         keeps every request it was sent.)"""
         tools = _shared_tools()
-        return {
+        agents = {
             "sim": Agent("sim", "You are simulated.", ScriptedModel(_script), tools=tools, retry=RetryPolicy()),
             "sim-compact": Agent("sim-compact", "You are simulated.", ScriptedModel(_script), tools=tools,
                                  retry=RetryPolicy(), compact_at_tokens=150, keep_recent=2),
         }
+        # (Made only where used: each agent's RetryPolicy draws its seed from the world's PRNG, so an
+        # extra agent would shift every other scenario's schedule.)
+        if self.pricing:
+            agents["sim-priced"] = Agent("sim-priced", "You are simulated.", ScriptedModel(_script), tools=tools,
+                                         retry=RetryPolicy(), max_tokens=SIM_MAX_TOKENS)
+        if any(t.mode == "think" for t in self.turns):
+            agents["sim-think"] = Agent("sim-think", "You are simulated.",
+                                        ScriptedModel(_script, delay=SIM_THINK_EVENT_SECONDS), tools=tools,
+                                        retry=RetryPolicy())
+        return agents
 
     def agent_name(self, turn: Turn) -> str:
-        return "sim-compact" if turn.mode == "compact" else "sim"
+        if turn.mode == "compact":
+            return "sim-compact"
+        if turn.mode == "think":
+            return "sim-think"
+        return "sim-priced" if self.pricing else "sim"
 
     @asynccontextmanager
     async def boot(self, proc: Process) -> AsyncIterator[App]:
@@ -278,7 +365,7 @@ class RuntimeScenario(Scenario):
         async with Runtime.open(
             db=proc.db, clock=SimClock(self.world), lease_seconds=SIM_LEASE_SECONDS,
             max_attempts=self.max_attempts, agents=list(agents.values()),
-            journal_retention=self.journal_retention,
+            journal_retention=self.journal_retention, pricing=self.pricing,
         ) as rt:
             yield App(rt, agents, proc)
 
@@ -532,6 +619,28 @@ class UsageCeiling(RuntimeScenario):
         return [Turn("c1", "spend", "s1", limits={"max_total_tokens": 600}, expect_error="usage_limit")]
 
 
+class CostCeiling(RuntimeScenario):
+    name = "cost-ceiling"
+    description = ("a priced model: a run that would loop forever is stopped by its cost ceiling, "
+                   "a tool turn beside it is billed")
+    pricing = SIM_PRICING
+    # (Four steps are sent as configured; the fifth is clamped to the room left and cut inside its
+    # tool call's arguments, so the loop's cut-answer path runs too; at 2,000 the fifth was
+    # refused unsent instead.)
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "spend", "s1", limits={"max_cost_micros": 2_480}, expect_error="usage_limit"),
+                Turn("c2", "tool", "s2", delay=0.01)]
+
+
+class ThinkingTurn(RuntimeScenario):
+    name = "thinking"
+    description = "extended thinking: a reasoning answer with a tool call (reasoning streamed, then passed back), then a reasoning answer"
+
+    def make_turns(self) -> list[Turn]:
+        return [Turn("c1", "think", "s1")]
+
+
 class DuplicateSubmission(RuntimeScenario):
     name = "duplicate"
     description = "the same submission id twice (one run) and with a different request (conflict)"
@@ -566,6 +675,7 @@ class Mix(RuntimeScenario):
 
     def __init__(self, world: World) -> None:
         self.processes = ("p1", "p2") if world.rng.random() < 0.4 else ("p1",)
+        self.pricing = SIM_PRICING if world.rng.random() < 0.3 else None
         super().__init__(world)
 
     def make_turns(self) -> list[Turn]:
@@ -573,12 +683,15 @@ class Mix(RuntimeScenario):
         turns = []
         for i in range(rng.randint(2, 6)):
             conv = f"c{rng.randrange(3)}"
-            mode = rng.choice(["plain", "tool", "multi", "retry", "approve", "cancel", "compact", "spend"])
+            mode = rng.choice(["plain", "tool", "multi", "retry", "approve", "cancel", "compact", "spend", "think"])
             t = Turn(conv, mode, f"s{i}", delay=rng.random() * 0.5)
             if mode == "approve":
                 t.approve = rng.random() < 0.7
             if mode == "spend":
-                t.limits = {"max_total_tokens": rng.choice([300, 600, 1200])}
+                if self.pricing and rng.random() < 0.7:
+                    t.limits = {"max_cost_micros": rng.choice([1_500, 3_000, 6_000])}
+                else:
+                    t.limits = {"max_total_tokens": rng.choice([300, 600, 1200])}
             if mode == "cancel" or rng.random() < 0.15:
                 t.cancel_after = rng.random() * 1.5
             if rng.random() < 0.15:
@@ -589,6 +702,6 @@ class Mix(RuntimeScenario):
 
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
-                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling, DuplicateSubmission,
-                        StaleWorker, Retention, Mix)
+                        CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling,
+                        CostCeiling, ThinkingTurn, DuplicateSubmission, StaleWorker, Retention, Mix)
 }

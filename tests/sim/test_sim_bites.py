@@ -109,3 +109,126 @@ def test_the_retention_scenario_really_falls_behind():
 
     r = run_once(factory, 1)
     assert r.ok and box["s"].behind.get("c1", 0) >= 1 and len(box["s"].followed["c1"]) > 6
+
+
+# ---- promise 10 with a price: the cost ceiling (scenario cost-ceiling, a priced scripted model)
+
+
+def test_a_cost_counted_twice_is_caught(monkeypatch):
+    """A step's cost added to the run's total twice (the step's record itself written once)."""
+    import ledger.usage
+    from sessions.codec import pack_i64
+
+    record_tr = ledger.usage.UsageBook.record_tr
+
+    async def record_cost_twice(self, tr, run_id, step_id, usage, **kw):
+        fresh = await record_tr(self, tr, run_id, step_id, usage, **kw)
+        if fresh and usage.get("cost_micros"):
+            tr.add(self.keys.usage_total(run_id, "cost_micros"), pack_i64(usage["cost_micros"]))
+        return fresh
+
+    monkeypatch.setattr(ledger.usage.UsageBook, "record_tr", record_cost_twice)
+    summary = _search(monkeypatch, "cost-ceiling")
+    _assert_bites(summary, "usage_total_is_sum", "cost-ceiling")
+    # (and the doubled total is what the reserve reads: the run stops early, not late)
+
+
+def test_a_skipped_reserve_is_caught(monkeypatch):
+    """The pre-flight reserve skipped: nothing stops the spending run before the call that passes
+    its cost ceiling."""
+    import ledger.usage
+
+    async def no_reserve(self, tr, run_id, estimate):
+        return {}
+
+    monkeypatch.setattr(ledger.usage.UsageBook, "reserve_tr", no_reserve)
+    _assert_bites(_search(monkeypatch, "cost-ceiling"), "usage_within_ceiling", "cost-ceiling")
+
+
+def test_a_step_billed_at_the_wrong_price_is_caught(monkeypatch):
+    """A step's cost computed without its output tokens (the recorded figure no longer follows
+    from the price and the recorded tokens)."""
+    real = loop.runner.cost_micros
+    monkeypatch.setattr(loop.runner, "cost_micros", lambda price, usage: real(price, {**usage, "output_tokens": 0}))
+    _assert_bites(_search(monkeypatch, "cost-ceiling"), "cost_matches_price", "cost-ceiling")
+
+
+# ---- extended thinking (scenario thinking)
+
+
+def test_reasoning_persisted_after_the_answer_is_caught(monkeypatch):
+    """The response builder puts reasoning parts last (the API would refuse the next request)."""
+    import loop.providers.base as base
+
+    message = base.ResponseBuilder.message
+
+    def reasoning_last(self):
+        msg = message(self)
+        parts = msg["content"]
+        msg["content"] = [p for p in parts if p["type"] not in ("thinking", "redacted_thinking")] + \
+                         [p for p in parts if p["type"] in ("thinking", "redacted_thinking")]
+        return msg
+
+    monkeypatch.setattr(base.ResponseBuilder, "message", reasoning_last)
+    _assert_bites(_search(monkeypatch, "thinking"), "thinking_first_once", "thinking")
+
+
+def test_reasoning_not_passed_back_is_caught(monkeypatch):
+    """The loop leaves reasoning out of the context it sends the model (so the request after a
+    reasoning turn lacks it: Anthropic's API answers 400)."""
+    import loop.compaction
+
+    context = loop.compaction.model_context
+
+    def without_reasoning(*a, **k):
+        return [{**m, "content": [p for p in m["content"] if p.get("type") not in ("thinking", "redacted_thinking")]}
+                if m.get("role") == "assistant" and isinstance(m.get("content"), list) else m
+                for m in context(*a, **k)]
+
+    monkeypatch.setattr(loop.runner, "model_context", without_reasoning)
+    _assert_bites(_search(monkeypatch, "thinking"), "thinking_passed_back", "thinking")
+
+
+def test_a_resumed_run_that_persists_reasoning_twice_is_caught(monkeypatch):
+    """Recovery that does not see what the earlier attempt persisted after the user message: the
+    resumed run calls the model for the reasoning step again and persists its answer a second
+    time. Only a crash after that write and before the run settles shows it."""
+    recover = loop.runner.Runner._recover
+
+    async def recover_blind(self):
+        keep = self.state.user_seq - self.base + 1  # up to and including the turn's user message
+        del self.messages[keep:]
+        await recover(self)
+
+    monkeypatch.setattr(loop.runner.Runner, "_recover", recover_blind)
+    summary = _search(monkeypatch, "thinking")
+    _assert_bites(summary, "thinking_first_once", "thinking")
+    hits = [f for f in summary.failures if "thinking_first_once" in {v.invariant for v in f.result.violations}]
+    assert all(f.result.plan.crash_at is not None for f in hits)  # the fault-free run was clean
+    assert any("persisted 2 times" in v.detail for f in hits for v in f.result.violations)
+
+
+def test_the_cost_ceiling_scenario_really_cuts_an_answer():
+    """The spending run of ``cost-ceiling`` reaches the call the loop clamps to the room its cost
+    ceiling leaves: the scripted model stops there (stop_reason max_tokens, inside a tool call), the
+    run fails usage_limit, and the cost recorded stays within the ceiling (the checks pass)."""
+    from loop import Runtime
+    from sim import run_once
+    from sim.scenarios import SCENARIOS
+
+    seen = {}
+
+    class Probe(SCENARIOS["cost-ceiling"]):
+        async def check(self, checker):
+            await super().check(checker)
+            rt = Runtime(checker.db)
+            run_id = self.run_of["s1"]
+            seen["info"], seen["usage"] = await rt.get_run(run_id), await rt.usage(run_id)
+            seen["msgs"] = await rt.transcript("c1")
+
+    r = run_once(Probe, 1)
+    assert r.ok, r.violations
+    last = [m for m in seen["msgs"] if m["role"] == "assistant"][-1]
+    assert last["stop_reason"] == "max_tokens" and any(p["type"] == "tool_call" for p in last["content"])
+    assert seen["info"].status == "failed" and seen["info"].outcome["error"]["type"] == "usage_limit"
+    assert 0 < seen["usage"]["cost_micros"] <= 2_480

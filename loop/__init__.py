@@ -42,7 +42,7 @@ Building blocks:
 * :class:`RetryPolicy` and the provider error classes of :mod:`loop.errors`
 * :class:`Price` / :func:`cost_micros` (:mod:`loop.pricing`): ``Runtime(pricing={model: Price(...)})``
   prices model calls, so ``limits={"max_cost_micros": n}`` is enforced (``MissingPrice`` for an
-  unpriced model)
+  unpriced model); :func:`load_pricing` reads the same table from a JSON file (``--pricing``)
 * :func:`call_model` — one model call with retries applied
 """
 
@@ -64,7 +64,7 @@ from ledger import ConversationBusy, SubmissionConflict
 from ledger.usage import check_limits
 from sessions.errors import CursorBehind
 
-from .pricing import FREE, Price, cost_micros
+from .pricing import FREE, Price, PricingFileError, cost_micros, load_pricing
 from .retry import RetryPolicy
 from .runtime import Acknowledgement, NotFound, Outcome, RunInfo, Runtime
 from .store import ApprovalError
@@ -106,5 +106,7 @@ __all__ = [
     "Price",
     "FREE",
     "cost_micros",
+    "load_pricing",
+    "PricingFileError",
     "check_limits",
 ]

@@ -929,7 +929,7 @@ class Runner:
         extra = {"during": during} if during is not None else {}
         try:
             # The input alone first; the output's room is what each ceiling has left after it.
-            headroom = await self.store.ledger.usage.reserve(self.run_id, estimate)  # read-only
+            headroom = await self.store.reserve(self.claim, estimate)  # read-only
         except L.UsageLimitExceeded as e:
             await self._fail({"type": "usage_limit", "message": str(e), **extra})
             raise AssertionError("unreachable: _fail raises")  # pragma: no cover

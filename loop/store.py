@@ -408,20 +408,11 @@ class Store:
         # the lease exists only with its run, so the run record need not be re-read.
         await self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True)
 
-    async def reserve(self, claim: Claim, input_estimate: int, output_estimate: int,
-                      cost_estimate: int | None = None) -> str | None:
-        """None when the call may proceed, else why not (a ceiling of the run would be passed:
-        tokens, or ``cost_micros`` when ``cost_estimate`` is given). Read-only."""
-        if not claim.limits:
-            return None  # no ceiling: skip the read
-        estimate = {"input_tokens": input_estimate, "output_tokens": output_estimate}
-        if cost_estimate is not None:
-            estimate["cost_micros"] = cost_estimate
-        try:
-            await self.ledger.usage.reserve(claim.run_id, estimate)
-        except L.UsageLimitExceeded as e:
-            return str(e)
-        return None
+    async def reserve(self, claim: Claim, estimate: dict[str, int]) -> dict[str, int]:
+        """The run's room per limited usage field once ``estimate`` (a model call's
+        input, output and cost estimates) is spent; raises ``ledger.UsageLimitExceeded``
+        when a ceiling would be passed. Read-only (one run makes one call at a time)."""
+        return await self.ledger.usage.reserve(claim.run_id, estimate)
 
     async def step(self, claim: Claim, name: str, fn: Callable[[], Any]) -> Any:
         return await self.ledger.steps.step(claim.lease, name, fn)

@@ -179,7 +179,7 @@ LIMITS_SCHEMA = {
     "type": "object", "maxProperties": MAX_USAGE_LIMITS,
     "description": "the run's usage ceilings: max_<usage field> -> a non-negative integer, e.g. "
                    "max_total_tokens or max_cost_micros (micro-units of currency, priced by the server's "
-                   "pricing; a cost ceiling on a model without a price is refused, 422 unprocessable); "
+                   "pricing; a cost ceiling on a model without a price is refused, 422 missing_price); "
                    "a model call that would pass one is refused and the run fails usage_limit",
     "propertyNames": {"pattern": "^max_[a-z][a-z0-9_]{0,62}$"},
     "additionalProperties": {"type": ["integer", "null"], "minimum": 0},

@@ -36,6 +36,7 @@ CODES: dict[str, int] = {
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "unprocessable": 422,
+    "missing_price": 422,
     "internal": 500,
     "auth_not_configured": 503,
     "not_ready": 503,
@@ -81,7 +82,7 @@ _BY_NAME: dict[str, tuple[str, str | None]] = {
     "InvalidOwner": ("invalid_request", None),
     "TooLarge": ("payload_too_large", None),
     # a cost ceiling on a model this server has no price for (loop.pricing): well-formed, not runnable
-    "MissingPrice": ("unprocessable", None),
+    "MissingPrice": ("missing_price", None),
 }
 
 

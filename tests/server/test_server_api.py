@@ -342,6 +342,6 @@ async def test_usage_ceilings_on_a_submission():
     async with serving(agent=unpriced) as s:
         async with s.client() as c:
             r = await c.post("/v1/conversations/p/messages", json={"message": "x", "limits": {"max_cost_micros": 5}})
-            assert r.status_code == 422 and r.json()["error"]["code"] == "unprocessable", r.text
+            assert r.status_code == 422 and r.json()["error"]["code"] == "missing_price", r.text
             assert "some-model" in r.json()["error"]["message"] and "price" in r.json()["error"]["message"]
             assert "p" not in (await c.get("/v1/conversations")).json()["conversations"]

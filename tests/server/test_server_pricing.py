@@ -113,7 +113,7 @@ async def test_serve_prices_its_model_from_the_pricing_file(tmp_path, nursery):
             r = await c.post("/v1/conversations/priced/messages", json=ceiling)
             assert r.status_code == 422, r.text
             err = r.json()["error"]
-            assert err["code"] == "unprocessable" and "gpt-test" in err["message"] and "price" in err["message"], err
+            assert err["code"] == "missing_price" and "gpt-test" in err["message"] and "price" in err["message"], err
             assert "priced" not in (await c.get("/v1/conversations")).json()["conversations"]
     finally:
         assert await s.stop() == 0, s.stderr()

@@ -22,7 +22,7 @@ Reasoning is billed as output (as Anthropic bills it): the default usage counts
 its characters in ``output_tokens``; the input count of a scripted call leaves
 reasoning parts of the context out, as the loop's own context estimate does.
 
-A call's ``max_tokens`` is honoured as a provider honours it: a reply whose
+A call's ``max_tokens`` is honoured (by :class:`EchoModel` too) as a provider honours it: a reply whose
 default usage would pass it is cut there (reasoning, then text, then tool
 calls, in stream order; the part that does not fit is cut at the room left — a
 tool call part-way through its arguments JSON — and everything after it
@@ -456,7 +456,8 @@ class EchoModel:
         max_tokens: int | None = None,
     ) -> AsyncIterator[StreamEvent]:
         r = self.respond(system, messages, tools)
-        async for ev in _stream_reply(r, system=system, messages=messages, chunk=self.chunk, delay=self.delay):
+        async for ev in _stream_reply(r, system=system, messages=messages, chunk=self.chunk, delay=self.delay,
+                                      max_tokens=max_tokens):
             yield ev
 
     async def aclose(self) -> None:

@@ -13,11 +13,9 @@ import sys
 from typing import Any
 
 import pytest
-import trio
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "loop"))  # the fake server
 
-from fake_providers import FakeReply  # noqa: E402
 from test_anthropic_thinking import REDACTED, SIG, ThinkingReply, ThinkingServer  # noqa: E402
 
 from loop import Agent, Runtime, tool  # noqa: E402
@@ -26,7 +24,6 @@ from loop.providers import AnthropicProvider, ScriptedModel, stream_model  # noq
 from loop.providers.base import (  # noqa: E402
     STOP_MAX_TOKENS,
     Finish,
-    RedactedThinking,
     TextDelta,
     ThinkingDelta,
     ThinkingSignature,
@@ -170,3 +167,14 @@ def test_the_thinking_scenario_streams_reasoning_across_writes():
     assert ev[first_message + 1] == "part.added"  # reasoning journaled before the answer was persisted
     assert [m["role"] for m in box["msgs"]] == ["user", "assistant", "tool", "assistant"]
     assert [p["type"] for p in box["msgs"][1]["content"]] == ["thinking", "redacted_thinking", "text", "tool_call"]
+
+
+async def test_the_echo_model_stops_at_max_tokens_too():
+    from loop.providers import EchoModel
+
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "x" * 100}]}]
+    full = [ev async for ev in EchoModel().stream(system="", messages=msgs, tools=())]
+    cut = [ev async for ev in EchoModel().stream(system="", messages=msgs, tools=(), max_tokens=5)]
+    assert full[-1].usage.output_tokens > 5 and full[-1].stop_reason == "end_turn"
+    assert cut[-1].usage.output_tokens <= 5 and cut[-1].stop_reason == STOP_MAX_TOKENS
+    assert "".join(e.text for e in cut if isinstance(e, TextDelta)) == "You said: " + "x" * 10

@@ -77,14 +77,27 @@ def model_context(messages: Sequence[Message], base: int = 0) -> list[Message]:
 
 
 def estimate_context_tokens(system: str, context: Sequence[Message], tools_schema_chars: int = 0) -> int:
+    """The context's input tokens, roughly (4 characters a token; see ``estimate_tokens``).
+
+    Reasoning is counted where a provider bills it as input: the assistant turns after the
+    last user message, i.e. the tool-use loop under way, whose thinking blocks are passed
+    back to the model (Anthropic drops earlier turns' reasoning from the context and does
+    not bill it). Its text and a redacted block's data count; the signature does not.
+    """
     n = estimate_tokens(system) + tools_schema_chars // 4
-    for m in context:
+    last_user = max((i for i, m in enumerate(context) if m.get("role") == "user"), default=-1)
+    for i, m in enumerate(context):
         n += 4 + estimate_tokens(text_of(m))
         for p in m.get("content") or ():
-            if p.get("type") == "tool_call":
+            kind = p.get("type")
+            if kind == "tool_call":
                 n += estimate_tokens(json.dumps(p.get("arguments") or {}))
-            elif p.get("type") == "tool_result":
+            elif kind == "tool_result":
                 n += estimate_tokens(str(p.get("content") or ""))
+            elif i > last_user and kind == "thinking":
+                n += estimate_tokens(p.get("thinking") or "")
+            elif i > last_user and kind == "redacted_thinking":
+                n += estimate_tokens(p.get("data") or "")
     return n
 
 

@@ -315,3 +315,31 @@ async def test_the_compaction_summariser_is_clamped_too(fake_server):
         assert (await rt.usage(out.run_id))["output_tokens"] == 17
     assert [r.body.get("system") == COMPACTION_SYSTEM for r in fake_server.requests] == [True, False]
     assert [r.body["max_tokens"] for r in fake_server.requests] == [60, 45]
+
+
+def test_the_input_estimate_counts_the_reasoning_passed_back_in_the_turn_under_way():
+    """Anthropic bills the thinking blocks of the tool-use loop under way as input (they are
+    passed back), not earlier turns' (dropped from the context): the pre-flight estimate the
+    ceilings are checked against counts exactly those, text and redacted data."""
+    def answer(reasoning: str, redacted: str, *calls: dict[str, Any]) -> dict[str, Any]:
+        return {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": reasoning, "signature": "S" * 300},
+            {"type": "redacted_thinking", "data": redacted},
+            {"type": "text", "text": "ok"}, *calls]}
+
+    call = {"type": "tool_call", "id": "t1", "name": "lookup", "arguments": {}}
+    earlier = [M.user("first"), answer("a" * 400, "b" * 200)]
+    under_way = [M.user("second"), answer("c" * 800, "d" * 400, call),
+                 M.tool_results([M.tool_result("t1", "lookup", "found")])]
+
+    def stripped(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**m, "content": [p for p in m.get("content") or () if "thinking" not in p["type"]]}
+                if m["role"] == "assistant" else m for m in msgs]
+
+    plain = estimate_context_tokens("sys", stripped(earlier + under_way))
+    # 800 + 400 characters of this turn's reasoning at 4 a token; the earlier turn's and every
+    # signature count for nothing
+    assert estimate_context_tokens("sys", earlier + under_way) == plain + 200 + 100
+    # once a new user message starts a turn, that reasoning is history too
+    assert estimate_context_tokens("sys", earlier + under_way + [M.user("third")]) == \
+        estimate_context_tokens("sys", stripped(earlier + under_way) + [M.user("third")])

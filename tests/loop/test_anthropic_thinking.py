@@ -13,13 +13,13 @@ start event), in front of the real httpx client, SSE parser, loop and engines.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import trio
 
-from fake_providers import FakeBreak, FakeProviderServer, FakeReply, _split, _sse, anthropic_events
+from fake_providers import (REDACTED, SIG, FakeBreak, FakeProviderServer, FakeReply, ThinkingReply, ThinkingServer,
+                            _sse, anthropic_events)
 from loop import Agent, Runtime, tool
 from loop import messages as M
 from loop.cli import render_event
@@ -32,78 +32,7 @@ from loop.providers.openai import to_openai_messages
 from loop.retry import RetryPolicy
 from loop.stream import PartCoalescer
 
-SIG = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds0hnRX5cgl/3uv8tGHrs3S9Q=="
-REDACTED = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj2YfWXGmKDxH4mPnZ5sQ7vB5URj"
 TOOLS = [ToolSpec("lookup", "Look a city up.", {"type": "object", "properties": {"city": {"type": "string"}}})]
-
-
-@dataclass
-class ThinkingReply(FakeReply):
-    """A reply whose content starts with reasoning blocks: ``("thinking", text, signature)``
-    or ``("redacted_thinking", data)``.  ``pause`` seconds pass after the reasoning (a slow
-    thinker, so the loop journals parts before the answer ends)."""
-
-    thinking: Sequence[tuple[str, ...]] = ()
-    pause: float = 0.0
-    thinking_chunk: int = 7  # characters per thinking_delta
-
-
-def thinking_events(r: ThinkingReply) -> list[Any]:
-    """The SSE events of a Messages API response with extended thinking, as Anthropic sends
-    them: the reasoning blocks first, then the reply's text and tool_use blocks (their
-    indexes shifted after the reasoning).  A float in the list is a pause."""
-    plain = anthropic_events(r)  # message_start, ping, blocks..., message_delta, message_stop
-    head, body = plain[:2], plain[2:]
-    ev: list[Any] = list(head)
-    for idx, block in enumerate(r.thinking):
-        if block[0] == "thinking":
-            _, text, sig = block
-            ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
-                                                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
-            for piece in _split(text, r.thinking_chunk):
-                ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
-                                                       "delta": {"type": "thinking_delta", "thinking": piece}}))
-            ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
-                                                   "delta": {"type": "signature_delta", "signature": sig}}))
-        else:
-            _, data = block
-            ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
-                                                   "content_block": {"type": "redacted_thinking", "data": data}}))
-        ev.append(_sse("content_block_stop", {"type": "content_block_stop", "index": idx}))
-    if r.pause:
-        ev.append(r.pause)
-    shift = len(r.thinking)
-    for raw in body:
-        text = raw.decode()
-        if '"index":' in text:
-            name, _, data = text.partition("\ndata: ")
-            d = json.loads(data)
-            d["index"] += shift
-            raw = _sse(name.removeprefix("event: "), d)
-        ev.append(raw)
-    return ev
-
-
-class ThinkingServer(FakeProviderServer):
-    """The fake provider server, also speaking extended thinking (Anthropic dialect)."""
-
-    def _events(self, dialect: str, r: FakeReply) -> list[Any]:  # type: ignore[override]
-        if dialect == "anthropic" and isinstance(r, ThinkingReply):
-            return thinking_events(r)
-        return FakeProviderServer._events(dialect, r)
-
-    async def _send_stream(self, stream: trio.SocketStream, events: list[Any], *, complete: bool) -> None:
-        if not any(isinstance(e, float) for e in events):
-            await super()._send_stream(stream, events, complete=complete)
-            return
-        await super()._send_stream(stream, [], complete=False)  # the head only
-        for ev in events:  # then the chunked body, pausing where the script says
-            if isinstance(ev, float):
-                await trio.sleep(ev)
-            else:
-                await stream.send_all(b"%x\r\n%s\r\n" % (len(ev), ev))
-        if complete:
-            await stream.send_all(b"0\r\n\r\n")
 
 
 @pytest.fixture

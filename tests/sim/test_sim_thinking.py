@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "loop"))  # the fake server
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "loop"))  # tests/loop/fake_providers
 
-from test_anthropic_thinking import REDACTED, SIG, ThinkingReply, ThinkingServer  # noqa: E402
+from fake_providers import REDACTED, SIG, ThinkingReply, ThinkingServer  # noqa: E402
 
 from loop import Agent, Runtime, tool  # noqa: E402
 from loop.errors import StreamBrokenError  # noqa: E402

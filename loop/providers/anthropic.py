@@ -15,16 +15,32 @@ Extended thinking (https://docs.anthropic.com/en/docs/build-with-claude/extended
 ``thinking_delta`` (``delta.thinking``) and closed by one ``signature_delta``
 (``delta.signature``) just before ``content_block_stop``; a block the safety systems
 encrypted arrives whole as ``{"type": "redacted_thinking", "data": ...}`` in its
-``content_block_start``.  They come before the text and tool_use blocks.  With tools,
-the next request must carry that assistant turn's ``thinking`` blocks (``thinking``
-and ``signature`` unmodified) and ``redacted_thinking`` blocks (``data``) first in its
-content, or the API answers 400; :func:`to_anthropic_messages` does so from the
+``content_block_start``.  They come before the text and tool_use blocks (unless
+interleaved, below).  With tools, the next request must carry that assistant turn's
+``thinking`` blocks (``thinking`` and ``signature`` unmodified) and ``redacted_thinking``
+blocks (``data``) where they were in its content (first, without interleaving), or the
+API answers 400; :func:`to_anthropic_messages` does so from the
 ``thinking`` / ``redacted_thinking`` parts the loop persisted (loop.providers.base).
 Earlier turns' thinking may be sent too: the API strips it from the context itself.
 A call the loop clamps under a usage ceiling to a ``max_tokens`` at or below the budget
 is sent with the budget lowered to ``max_tokens - 1`` for that call
 (:meth:`AnthropicProvider.capped_call_options`): thinking stays on, as a tool-use turn
 requires, and the request stays valid.
+
+Interleaved thinking (Claude 4 models; same page, "Interleaved thinking"; beta header
+``anthropic-beta: interleaved-thinking-2025-05-14``, several betas comma-separated in one
+header per https://docs.anthropic.com/en/api/beta-headers): ``interleaved_thinking=True``
+sends the header, and the model may then think between tool calls, so ``thinking`` /
+``redacted_thinking`` blocks can follow ``tool_use`` (and text) blocks in one response and
+one assistant turn.  They are kept and passed back in stream order, exactly where they
+were.  The docs relax one rule for it: "when using interleaved thinking with tools" the
+budget may exceed ``max_tokens`` (it becomes the budget of the whole assistant turn, bounded
+by the context window).  Only that is relaxed, and only where the docs say: a request with
+tools is sent with the budget as configured whatever its ``max_tokens``; a request without
+tools (the compaction summariser's) keeps the ordinary rule, its budget lowered to
+``max_tokens - 1`` for that call (refused when that is below the minimum); a call clamped by
+a usage ceiling is sent with ``budget < max_tokens`` as without the beta (valid either way,
+and the call's whole output, reasoning included, stays under the clamp).
 """
 
 from __future__ import annotations
@@ -59,6 +75,7 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "DEFAULT_ANTHROPIC_BASE_URL",
     "MIN_THINKING_BUDGET",
+    "INTERLEAVED_THINKING_BETA",
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -66,8 +83,11 @@ DEFAULT_ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 # The smallest ``budget_tokens`` the API accepts for extended thinking.
 MIN_THINKING_BUDGET = 1024
 
+# The beta that lets Claude 4 models think between tool calls (exact value as documented).
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
 assert 0 < MIN_THINKING_BUDGET
-# Reasoning parts, passed back verbatim (and first in their assistant turn).
+# Reasoning parts, passed back verbatim, where they streamed (first in their turn unless interleaved).
 _THINKING_TYPES = ("thinking", "redacted_thinking")
 
 _STOP = {"end_turn": STOP_END, "stop_sequence": STOP_END, "tool_use": STOP_TOOL_USE, "max_tokens": STOP_MAX_TOKENS}
@@ -98,7 +118,7 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 elif ptype == "tool_call":
                     blocks.append({"type": "tool_use", "id": p["id"], "name": p["name"], "input": p.get("arguments") or {}})
                 elif ptype == "thinking":
-                    # Unmodified: the signature covers the text.  (Stream order put it first.)
+                    # Unmodified: the signature covers the text; in stream order (first, unless interleaved).
                     blocks.append({"type": "thinking", "thinking": p.get("thinking", ""), "signature": p.get("signature", "")})
                 elif ptype == "redacted_thinking":
                     blocks.append({"type": "redacted_thinking", "data": p.get("data", "")})
@@ -121,38 +141,82 @@ def to_anthropic_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             if wire_role == "user":
                 # tool_result blocks first within a user turn
                 merged.sort(key=lambda b: 0 if b["type"] == "tool_result" else 1)
-            elif any(b["type"] in _THINKING_TYPES for b in blocks):
-                # two assistant messages in a row (rare): reasoning must still lead the turn
-                merged.sort(key=lambda b: 0 if b["type"] in _THINKING_TYPES else 1)
+            else:
+                # Two assistant messages in a row (rare): the reasoning that opens each one
+                # must still lead the turn; reasoning a message streamed later (interleaved,
+                # after a tool_use or text block) stays exactly where it was.
+                lp, ln = _leading_reasoning(prev), _leading_reasoning(blocks)
+                merged = prev[:lp] + blocks[:ln] + prev[lp:] + blocks[ln:]
             out[-1]["content"] = merged
         else:
             out.append({"role": wire_role, "content": blocks})
     return out
 
 
+def _leading_reasoning(blocks: Sequence[Mapping[str, Any]]) -> int:
+    """How many of ``blocks`` are reasoning before the first non-reasoning block."""
+    n = 0
+    while n < len(blocks) and blocks[n]["type"] in _THINKING_TYPES:
+        n += 1
+    return n
+
+
+def merge_beta(existing: str | None, beta: str) -> str:
+    """``beta`` added to an ``anthropic-beta`` header value (comma-separated, as the API takes
+    several betas in one header), once: values already there are kept, in their order."""
+    names = [v.strip() for v in (existing or "").split(",") if v.strip()]
+    if beta not in names:
+        names.append(beta)
+    return ",".join(names)
+
+
 class AnthropicProvider(HTTPProvider):
     kind = "anthropic"
     api_key_env = "ANTHROPIC_API_KEY"
 
-    def __init__(self, model: str, *, base_url: str | None = None, thinking_budget: int | None = None, **kw: Any) -> None:
+    def __init__(
+        self, model: str, *, base_url: str | None = None, thinking_budget: int | None = None,
+        interleaved_thinking: bool = False, **kw: Any,
+    ) -> None:
         """``thinking_budget``: enable extended thinking with this many ``budget_tokens``
-        (an int >= :data:`MIN_THINKING_BUDGET`, below ``max_tokens``; None: off)."""
+        (an int >= :data:`MIN_THINKING_BUDGET`, below ``max_tokens`` unless interleaved;
+        None: off). ``interleaved_thinking``: send the ``interleaved-thinking-2025-05-14``
+        beta (Claude 4 models think between tool calls); needs ``thinking_budget``, and
+        lets the budget reach or pass ``max_tokens`` (the docs allow it with tools: it is
+        then the budget of the whole assistant turn)."""
         import os
 
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL
         super().__init__(model, base_url=base, **kw)
+        if not isinstance(interleaved_thinking, bool):
+            raise ValueError(f"interleaved_thinking must be a bool, not {type(interleaved_thinking).__name__}")
+        if interleaved_thinking and thinking_budget is None:
+            raise ValueError("interleaved_thinking=True needs extended thinking on: pass thinking_budget= too "
+                             f"(an int >= {MIN_THINKING_BUDGET})")
         if thinking_budget is not None:
             if isinstance(thinking_budget, bool) or not isinstance(thinking_budget, int):
                 raise ValueError(f"thinking_budget must be an int, not {type(thinking_budget).__name__}")
             if thinking_budget < MIN_THINKING_BUDGET:
                 raise ValueError(f"thinking_budget {thinking_budget} is below the API's minimum of {MIN_THINKING_BUDGET} tokens")
             mt = self.max_tokens or DEFAULT_MAX_TOKENS
-            if thinking_budget >= mt:
+            if thinking_budget >= mt and not interleaved_thinking:
                 raise ValueError(
                     f"thinking_budget {thinking_budget} must be less than max_tokens {mt} "
-                    f"(the budget is part of max_tokens; pass a larger max_tokens=)"
+                    f"(the budget is part of max_tokens; pass a larger max_tokens=, or "
+                    f"interleaved_thinking=True on a Claude 4 model with tools)"
                 )
         self.thinking_budget = thinking_budget
+        self.interleaved_thinking = interleaved_thinking
+        # The anthropic-beta header value this provider sends (None: none of its own). The
+        # caller's betas (extra_headers, name matched case-blind as HTTP header names are)
+        # are merged into it and taken out of extra_headers, so one comma-separated header is
+        # sent, not two, and not the caller's alone (extra_headers are applied last).
+        self._beta: str | None = None
+        if interleaved_thinking:
+            existing: str | None = None
+            for k in [k for k in self.extra_headers if k.lower() == "anthropic-beta"]:
+                existing = ",".join(v for v in (existing, self.extra_headers.pop(k)) if v)
+            self._beta = merge_beta(existing, INTERLEAVED_THINKING_BETA)
 
     def output_cap(self, max_tokens: int | None) -> int | None:
         """Always bounded: the request always carries ``max_tokens`` (the API requires it),
@@ -165,7 +229,10 @@ class AnthropicProvider(HTTPProvider):
         :data:`MIN_THINKING_BUDGET`: a clamp at or below the budget lowers it for this call to
         ``max_tokens - 1`` (thinking cannot be switched off instead: mid tool-use turn the API
         refuses a request that toggles it); a clamp that leaves no room for the minimum budget
-        is None (no valid request fits: the loop refuses the call as over the ceiling)."""
+        is None (no valid request fits: the loop refuses the call as over the ceiling).
+        With ``interleaved_thinking`` the same: the docs let the budget pass ``max_tokens``
+        only in requests with tools (this is not told whether the call has any), and a
+        budget below the clamp keeps the call's whole output, reasoning included, under it."""
         if max_tokens < 1:
             return None
         if self.thinking_budget is None or self.thinking_budget < max_tokens:
@@ -179,6 +246,8 @@ class AnthropicProvider(HTTPProvider):
         h = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
         if self.api_key:
             h["x-api-key"] = self.api_key
+        if self._beta is not None:
+            h["anthropic-beta"] = self._beta
         return h
 
     def request_body(
@@ -204,11 +273,20 @@ class AnthropicProvider(HTTPProvider):
             body["system"] = system
         if budget is not None:
             if budget >= body["max_tokens"]:
-                # a per-call max_tokens (the agent's) below the budget: the API would answer 400
-                raise PermanentProviderError(
-                    f"thinking_budget {budget} must be less than max_tokens {body['max_tokens']}",
-                    provider=self.name,
-                )
+                if self.interleaved_thinking and tools:
+                    pass  # documented: with interleaved thinking and tools the budget may pass max_tokens
+                elif self.interleaved_thinking and body["max_tokens"] - 1 >= MIN_THINKING_BUDGET:
+                    # No tools (the compaction summariser's call): the ordinary rule, as the docs
+                    # relax it only with tools; the budget is lowered for this call instead.
+                    budget = body["max_tokens"] - 1
+                else:
+                    # a per-call max_tokens (the agent's) below the budget: the API would answer 400
+                    raise PermanentProviderError(
+                        f"thinking_budget {budget} must be less than max_tokens {body['max_tokens']}"
+                        + (" (a request without tools: interleaved thinking does not relax this)"
+                           if self.interleaved_thinking else ""),
+                        provider=self.name,
+                    )
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         if tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]

@@ -25,8 +25,8 @@ Scripted responses:
 * :class:`FakeHang` — no answer at all: the request is read and recorded, then the
   server waits (a caller that dies mid-call).
 
-A reply honours the request's ``max_tokens`` as the real APIs do (see
-:func:`capped_reply`): a reply whose ``output_tokens`` exceed it is cut there and
+A reply honours the request's ``max_tokens`` (or OpenAI's ``max_completion_tokens``) as the
+real APIs do (see :func:`capped_reply`): a reply whose ``output_tokens`` exceed it is cut there and
 ends with ``stop_reason`` ``max_tokens`` (Anthropic) / ``finish_reason`` ``length``
 (OpenAI), reporting exactly ``max_tokens`` output tokens.
 """
@@ -55,6 +55,7 @@ __all__ = [
     "prompt_too_long",
     "context_length_exceeded",
     "capped_reply",
+    "unsupported_max_tokens",
 ]
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -151,6 +152,14 @@ def context_length_exceeded() -> FakeError:
             }
         },
     )
+
+
+def unsupported_max_tokens() -> FakeError:
+    """OpenAI's answer to ``max_tokens`` sent to a reasoning model."""
+    return FakeError(400, body={"error": {
+        "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                   "Use 'max_completion_tokens' instead.",
+        "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}})
 
 
 def _args_text(args: dict[str, Any] | str) -> str:
@@ -320,6 +329,9 @@ class FakeProviderServer:
         self.script: list[Scripted] = []
         self.requests: list[RecordedRequest] = []
         self.port: int | None = None
+        # OpenAI's reasoning models (o-series, gpt-5): a Chat Completions request carrying
+        # max_tokens is refused 400 as they refuse it (the script is not consumed).
+        self.refuse_max_tokens = False
 
     def enqueue(self, *responses: Scripted) -> None:
         self.script.extend(responses)
@@ -346,10 +358,13 @@ class FakeProviderServer:
         head, _, rest = buf.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
-        headers = {}
+        headers: dict[str, str] = {}
         for line in lines[1:]:
             k, _, v = line.partition(":")
-            headers[k.strip().lower()] = v.strip()
+            k, v = k.strip().lower(), v.strip()
+            # a header sent twice reads as one comma-joined value, as HTTP defines it (so a
+            # test sees a duplicated header instead of only its last copy)
+            headers[k] = f"{headers[k]}, {v}" if k in headers else v
         n = int(headers.get("content-length", "0"))
         while len(rest) < n:
             data = await stream.receive_some(65536)
@@ -372,6 +387,9 @@ class FakeProviderServer:
             dialect = "anthropic" if req.path.endswith("/v1/messages") else "openai"
             if not self.script:
                 await self._send_error(stream, dialect, FakeError(500, message="fake server: no scripted response"))
+                return
+            if dialect == "openai" and self.refuse_max_tokens and isinstance(req.body, dict) and "max_tokens" in req.body:
+                await self._send_error(stream, dialect, unsupported_max_tokens())
                 return
             item = self.script.pop(0)
             if isinstance(item, FakeReply):
@@ -438,46 +456,81 @@ REDACTED = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj
 class ThinkingReply(FakeReply):
     """A reply whose content starts with reasoning blocks: ``("thinking", text, signature)``
     or ``("redacted_thinking", data)``.  ``pause`` seconds pass after the reasoning (a slow
-    thinker, so the loop journals parts before the answer ends)."""
+    thinker, so the loop journals parts before the answer ends).
+
+    ``interleaved``: reasoning blocks streamed *among* the reply's content blocks, as Claude 4
+    models do with the ``interleaved-thinking-2025-05-14`` beta: ``(position, block)`` puts
+    ``block`` after the first ``position`` of the reply's text / tool_use blocks (the text,
+    when there is one, is the first of them; each tool call one more), e.g. ``[(1, ("thinking",
+    "...", SIG2))]`` with two tool calls and no text streams thinking, tool_use, thinking,
+    tool_use."""
 
     thinking: Sequence[tuple[str, ...]] = ()
     pause: float = 0.0
     thinking_chunk: int = 7  # characters per thinking_delta
+    interleaved: Sequence[tuple[int, tuple[str, ...]]] = ()
+
+
+def _reasoning_block_events(idx: int, block: tuple[str, ...], chunk: int) -> list[bytes]:
+    """One reasoning block at content index ``idx``, as the Messages API streams it."""
+    ev: list[bytes] = []
+    if block[0] == "thinking":
+        _, text, sig = block
+        ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
+                                               "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+        for piece in _split(text, chunk):
+            ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
+                                                   "delta": {"type": "thinking_delta", "thinking": piece}}))
+        ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
+                                               "delta": {"type": "signature_delta", "signature": sig}}))
+    else:
+        _, data = block
+        ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
+                                               "content_block": {"type": "redacted_thinking", "data": data}}))
+    ev.append(_sse("content_block_stop", {"type": "content_block_stop", "index": idx}))
+    return ev
+
+
+def _reindexed(raw: bytes, idx: int) -> bytes:
+    name, _, data = raw.decode().partition("\ndata: ")
+    d = json.loads(data)
+    d["index"] = idx
+    return _sse(name.removeprefix("event: "), d)
 
 
 def thinking_events(r: ThinkingReply) -> list[Any]:
     """The SSE events of a Messages API response with extended thinking, as Anthropic sends
-    them: the reasoning blocks first, then the reply's text and tool_use blocks (their
-    indexes shifted after the reasoning).  A float in the list is a pause."""
+    them: the reasoning blocks first, then the reply's text and tool_use blocks, with any
+    ``interleaved`` reasoning blocks among those; every block's index is its place in the
+    content, in stream order.  A float in the list is a pause."""
     plain = anthropic_events(r)  # message_start, ping, blocks..., message_delta, message_stop
-    head, body = plain[:2], plain[2:]
+    head, body, tail = plain[:2], plain[2:-2], plain[-2:]
+    groups: list[list[bytes]] = []  # the reply's own content blocks, each its events
+    current: int | None = None
+    for raw in body:
+        i = json.loads(raw.decode().partition("\ndata: ")[2])["index"]
+        if i != current:
+            groups.append([])
+            current = i
+        groups[-1].append(raw)
+    cut = r.stop_reason == "max_tokens"  # capped_reply dropped blocks: reasoning past them was never streamed
+    assert cut or all(0 <= pos <= len(groups) for pos, _ in r.interleaved), "interleaved position past the reply's blocks"
     ev: list[Any] = list(head)
-    for idx, block in enumerate(r.thinking):
-        if block[0] == "thinking":
-            _, text, sig = block
-            ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
-                                                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
-            for piece in _split(text, r.thinking_chunk):
-                ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
-                                                       "delta": {"type": "thinking_delta", "thinking": piece}}))
-            ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
-                                                   "delta": {"type": "signature_delta", "signature": sig}}))
-        else:
-            _, data = block
-            ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
-                                                   "content_block": {"type": "redacted_thinking", "data": data}}))
-        ev.append(_sse("content_block_stop", {"type": "content_block_stop", "index": idx}))
+    idx = 0
+    for block in r.thinking:
+        ev.extend(_reasoning_block_events(idx, block, r.thinking_chunk))
+        idx += 1
     if r.pause:
         ev.append(r.pause)
-    shift = len(r.thinking)
-    for raw in body:
-        text = raw.decode()
-        if '"index":' in text:
-            name, _, data = text.partition("\ndata: ")
-            d = json.loads(data)
-            d["index"] += shift
-            raw = _sse(name.removeprefix("event: "), d)
-        ev.append(raw)
+    for pos in range(len(groups) + 1):
+        for at, block in r.interleaved:
+            if at == pos:
+                ev.extend(_reasoning_block_events(idx, block, r.thinking_chunk))
+                idx += 1
+        if pos < len(groups):
+            ev.extend(_reindexed(raw, idx) for raw in groups[pos])
+            idx += 1
+    ev.extend(tail)
     return ev
 
 

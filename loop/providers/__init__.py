@@ -3,6 +3,12 @@
 Specs: ``echo`` (offline, the default), ``anthropic:MODEL`` (optionally
 ``@BASE_URL``), ``openai:MODEL`` or ``openai:MODEL@BASE_URL`` for any
 OpenAI-compatible server (vLLM, llama.cpp, Ollama: ``openai:llama3.2@http://localhost:11434/v1``).
+
+Provider options have no spec syntax (a spec names a model and where it is served, nothing
+more): extended thinking, interleaved thinking, or OpenAI's ``max_completion_tokens`` are
+asked for by passing a provider object (``AnthropicProvider(..., thinking_budget=N)``,
+``OpenAIProvider(..., max_tokens_param="max_completion_tokens")``), or the same keywords to
+:func:`make_provider`.
 """
 
 from __future__ import annotations

@@ -198,6 +198,8 @@ class Provider(Protocol):
     #   def output_cap(self, max_tokens: int | None) -> int | None
     #       The most output tokens one call sent with this per-call ``max_tokens`` may
     #       produce, this provider's own defaults included; None when nothing bounds it.
+    #   (``max_tokens`` is the loop's name for a call's output cap; a provider sends it under
+    #   its wire's name: OpenAIProvider under ``max_tokens`` or ``max_completion_tokens``.)
     #   def capped_call_options(self, max_tokens: int) -> dict[str, Any] | None
     #       A call the loop must keep under a usage ceiling is sent with a lower
     #       ``max_tokens`` than the provider would use: the extra ``stream`` keywords that

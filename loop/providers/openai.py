@@ -5,6 +5,13 @@ chunks whose ``choices[0].delta`` carries ``content`` and ``tool_calls``
 (``index``, then ``id`` and ``function.name`` once, ``function.arguments`` in
 fragments), a ``finish_reason``, a final usage chunk (``stream_options:
 {include_usage: true}``, empty ``choices``) and ``data: [DONE]``.
+
+The output cap is sent as ``max_tokens`` by default, the name those local servers know.
+OpenAI's own Chat Completions reference marks ``max_tokens`` deprecated in favour of
+``max_completion_tokens`` ("an upper bound for the number of tokens that can be generated
+for a completion, including visible output tokens and reasoning tokens") and its reasoning
+models (o-series, gpt-5) refuse ``max_tokens``: ``max_tokens_param="max_completion_tokens"``
+sends the cap under that name instead (the clamp a usage ceiling puts on a call too).
 """
 
 from __future__ import annotations
@@ -30,9 +37,14 @@ from .base import (
 )
 from .http import HTTPProvider
 
-__all__ = ["OpenAIProvider", "to_openai_messages", "DEFAULT_OPENAI_BASE_URL"]
+__all__ = ["OpenAIProvider", "to_openai_messages", "DEFAULT_OPENAI_BASE_URL", "MAX_TOKENS_PARAMS"]
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+# The request keys an output cap may be sent under: the classic one (vLLM, llama.cpp,
+# Ollama, older OpenAI models) first, the default; OpenAI's current one second.
+MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
+
+assert MAX_TOKENS_PARAMS[0] == "max_tokens"
 
 _STOP = {"stop": STOP_END, "tool_calls": STOP_TOOL_USE, "function_call": STOP_TOOL_USE, "length": STOP_MAX_TOKENS}
 
@@ -77,9 +89,17 @@ class OpenAIProvider(HTTPProvider):
     kind = "openai"
     api_key_env = "OPENAI_API_KEY"
 
-    def __init__(self, model: str, *, base_url: str | None = None, **kw: Any) -> None:
+    def __init__(self, model: str, *, base_url: str | None = None, max_tokens_param: str = "max_tokens", **kw: Any) -> None:
+        """``max_tokens_param``: the request key the output cap goes under (when one is sent
+        at all): ``"max_tokens"`` (the default, what OpenAI-compatible local servers know) or
+        ``"max_completion_tokens"`` (OpenAI's current name; its reasoning models, o-series
+        and gpt-5, refuse ``max_tokens``)."""
+        if max_tokens_param not in MAX_TOKENS_PARAMS:
+            raise ValueError(f"max_tokens_param must be one of {', '.join(map(repr, MAX_TOKENS_PARAMS))}, "
+                             f"not {max_tokens_param!r}")
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_OPENAI_BASE_URL
         super().__init__(model, base_url=base, **kw)
+        self.max_tokens_param = max_tokens_param
 
     def _headers(self) -> dict[str, str]:
         h = {"content-type": "application/json"}
@@ -96,9 +116,9 @@ class OpenAIProvider(HTTPProvider):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        mt = self.output_cap(max_tokens)  # None: no max_tokens key at all (local servers' own default)
+        mt = self.output_cap(max_tokens)  # None: no cap key at all (local servers' own default)
         if mt:
-            body["max_tokens"] = mt
+            body[self.max_tokens_param] = mt  # the one configured name, never both
         if tools:
             body["tools"] = [
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}}

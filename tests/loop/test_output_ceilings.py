@@ -343,3 +343,94 @@ def test_the_input_estimate_counts_the_reasoning_passed_back_in_the_turn_under_w
     # once a new user message starts a turn, that reasoning is history too
     assert estimate_context_tokens("sys", earlier + under_way + [M.user("third")]) == \
         estimate_context_tokens("sys", stripped(earlier + under_way) + [M.user("third")])
+
+
+# ---------------------------------------------------------------------- OpenAI's max_completion_tokens
+
+
+def test_the_openai_cap_goes_under_the_configured_name():
+    """max_tokens by default (local servers know only it); max_completion_tokens when asked
+    (OpenAI's current name); never both; none at all when nothing caps the call."""
+    msgs = [M.user("hi")]
+    classic = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1")
+    assert classic.max_tokens_param == "max_tokens"
+    body = classic.request_body(system="", messages=msgs, tools=(), max_tokens=300)
+    assert body["max_tokens"] == 300 and "max_completion_tokens" not in body
+    new = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", max_tokens_param="max_completion_tokens")
+    body = new.request_body(system="", messages=msgs, tools=(), max_tokens=300)
+    assert body["max_completion_tokens"] == 300 and "max_tokens" not in body
+    assert "max_completion_tokens" not in new.request_body(system="", messages=msgs, tools=(), max_tokens=None)
+    own = OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", max_tokens_param="max_completion_tokens", max_tokens=77)
+    assert own.request_body(system="", messages=msgs, tools=(), max_tokens=None)["max_completion_tokens"] == 77
+    # the cap and the clamp are the same figures whatever the name
+    assert output_cap(new, 300) == 300 and output_cap(new, None) is None and capped_call_options(new, 1) == {}
+
+
+@pytest.mark.parametrize("bad", ["max_output_tokens", "MAX_TOKENS", "", None, 1])
+def test_an_unknown_max_tokens_param_is_refused(bad):
+    with pytest.raises(ValueError, match="max_tokens_param must be one of 'max_tokens', 'max_completion_tokens'"):
+        OpenAIProvider("m", base_url="http://127.0.0.1:9/v1", max_tokens_param=bad)
+
+
+def test_the_spec_string_is_unchanged():
+    """No spec syntax for it: make_provider passes the keyword through to a provider object."""
+    from loop.providers import make_provider, parse_model_spec
+
+    assert str(parse_model_spec("openai:o4-mini@http://127.0.0.1:9/v1")) == "openai:o4-mini@http://127.0.0.1:9/v1"
+    p = make_provider("openai:o4-mini@http://127.0.0.1:9/v1", max_tokens_param="max_completion_tokens")
+    assert isinstance(p, OpenAIProvider) and p.max_tokens_param == "max_completion_tokens"
+
+
+async def test_a_reasoning_model_refuses_max_tokens_and_takes_max_completion_tokens(fake_server, kv_url):
+    """A server that refuses max_tokens, as OpenAI's reasoning models do: the default provider's
+    clamped call is refused (400 unsupported_parameter: a permanent failure, nothing retried);
+    with max_tokens_param="max_completion_tokens" the ceiling holds as with max_tokens — each
+    call sent with what is left (100, 60, 20), the third cut there, exactly 100 recorded."""
+    fake_server.refuse_max_tokens = True
+    fake_server.enqueue(FakeReply("never sent"))
+    async with Runtime.open(kv_url) as rt:
+        out = await rt.run(Agent("w", "", openai(fake_server), retry=NO_WAIT), "old", "hi",
+                           limits={"max_output_tokens": 100})
+        assert out.status == "failed" and out.error["type"] == "permanent", out
+        assert "max_completion_tokens" in out.error["message"]
+        assert len(fake_server.requests) == 1 and fake_server.requests[0].body["max_tokens"] == 100
+        assert [r.text for r in fake_server.script] == ["never sent"]  # the refusal consumed nothing
+
+        fake_server.requests.clear()
+        fake_server.script.clear()
+        fake_server.enqueue(
+            FakeReply("", tool_calls=[("c1", "lookup", {"city": "Oslo"})], output_tokens=40),
+            FakeReply("", tool_calls=[("c2", "lookup", {"city": "Rome"})], output_tokens=40),
+            FakeReply(LONG, output_tokens=40),
+        )
+        agent = Agent("w", "Be brief.", openai(fake_server, max_tokens_param="max_completion_tokens"),
+                      tools=[lookup], retry=NO_WAIT)
+        out = await rt.run(agent, "new", "weather?", limits={"max_output_tokens": 100})
+        assert out.status == "failed" and out.error["type"] == "usage_limit", out
+        assert "past its ceiling of 100" in out.error["message"]
+        assert [r.body["max_completion_tokens"] for r in fake_server.requests] == [100, 60, 20]
+        assert all("max_tokens" not in r.body for r in fake_server.requests)
+        assert (await rt.usage(out.run_id))["output_tokens"] == 100
+        msgs = await rt.transcript("new")
+        assert msgs[5]["stop_reason"] == "max_tokens" and msgs[5]["usage"]["output_tokens"] == 20
+
+
+async def test_max_completion_tokens_carries_the_total_tokens_room_and_the_agents_cap(fake_server):
+    """The room a total-tokens ceiling leaves after the input, and the agent's own cap when it
+    fits, both go under max_completion_tokens; without an output-bounding ceiling nothing is
+    sent, as with max_tokens."""
+    fake_server.refuse_max_tokens = True
+    fake_server.enqueue(FakeReply("Hello there.", input_tokens=5, output_tokens=4), FakeReply("hi"),
+                        FakeReply("A long answer, cut by the agent's own cap.", output_tokens=90))
+    p = openai(fake_server, max_tokens_param="max_completion_tokens")
+    in_est = estimate_context_tokens("Be brief.", [M.user("hi")])
+    async with Runtime.open("memory:") as rt:
+        assert (await rt.run(Agent("w", "Be brief.", p), "c", "hi", limits={"max_total_tokens": 500})).ok
+        assert (await rt.run(Agent("w", "Be brief.", p), "d", "hi")).ok
+        out = await rt.run(Agent("w", "", p, max_tokens=30), "e", "hi", limits={"max_output_tokens": 1_000})
+        assert out.ok, out
+        assert (await rt.transcript("e"))[1]["usage"]["output_tokens"] == 30  # the fake honoured it
+    first, second, third = (r.body for r in fake_server.requests)
+    assert first["max_completion_tokens"] == 500 - in_est
+    assert "max_completion_tokens" not in second and "max_tokens" not in second
+    assert third["max_completion_tokens"] == 30

@@ -198,11 +198,7 @@ async def test_reasoning_between_tool_calls_is_kept_and_passed_back_in_place(ser
     assert msgs[1]["content"] == first_turn
     assert msgs[4]["content"] == [{"type": "thinking", "thinking": AFTER, "signature": SIG3},
                                   {"type": "text", "text": "Both sunny."}]
-    # the journal streamed the parts in the same order (the assistant message events too)
-    added = [(e.data["call"], e.data["part"], e.data["kind"]) for e in page.events if e.type == "part.added"]
-    if added:  # a fast answer is journaled as message.added only; when parts were, their order
-        first_call = [k for c, _, k in added if c == added[0][0]]
-        assert first_call == ["thinking", "tool_call", "thinking", "redacted_thinking", "tool_call"]
+    # the journal's message.added holds the same order (streamed parts: the next test)
     finals = [e.data["message"] for e in page.events if e.type == "message.added" and e.data.get("role") == "assistant"]
     assert finals[0]["content"] == first_turn
     # the wire: every later request carries the turn's blocks in the original order

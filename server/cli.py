@@ -41,7 +41,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_DATA_DIR}, the offline echo model, on {DEFAULT_HOST}:{DEFAULT_PORT}, "
         "token auth from SUREFOOT_TOKEN (every API route answers 503 until it is set). "
         "A submission's limits.max_cost_micros needs a price for the model: --pricing FILE "
-        "(or SUREFOOT_PRICING); without one it is refused 422. A bad pricing file stops the "
+        "(or SUREFOOT_PRICING); without one it is refused 422 missing_price. A bad pricing file stops the "
         "command before the store is opened.",
     )
     where = p.add_mutually_exclusive_group()

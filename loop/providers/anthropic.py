@@ -41,6 +41,20 @@ tools (the compaction summariser's) keeps the ordinary rule, its budget lowered 
 ``max_tokens - 1`` for that call (refused when that is below the minimum); a call clamped by
 a usage ceiling is sent with ``budget < max_tokens`` as without the beta (valid either way,
 and the call's whole output, reasoning included, stays under the clamp).
+
+Adaptive thinking (Claude 4.6 models and later; documented by Anthropic as replacing
+budgeted thinking, whose ``{"type": "enabled", "budget_tokens": N}`` is deprecated on
+Opus/Sonnet 4.6 and answered 400 on Opus 4.7+): ``thinking="adaptive"`` sends
+``"thinking": {"type": "adaptive"}`` (plus ``"display": "summarized" | "omitted"`` when
+``thinking_display`` is set; Opus 4.7+ defaults to ``omitted``: ``thinking`` blocks stream
+with no ``thinking_delta`` at all, only a ``signature_delta``, and are passed back exactly
+like any other, empty text and signature unmodified).  The model decides how much to think;
+there is no budget, so a ceiling's clamp only lowers ``max_tokens`` (which still caps the
+whole response, reasoning included).  It interleaves reasoning between tool calls by
+itself, without the beta header, so ``interleaved_thinking`` is refused with it.
+``effort`` ("low" ... "max") sends the top-level ``"output_config": {"effort": ...}``, with
+or without thinking (it governs all of a response's token spend); which levels a model
+takes varies and the API is left to refuse one it does not (400, permanent).
 """
 
 from __future__ import annotations
@@ -76,6 +90,9 @@ __all__ = [
     "DEFAULT_ANTHROPIC_BASE_URL",
     "MIN_THINKING_BUDGET",
     "INTERLEAVED_THINKING_BETA",
+    "THINKING_MODES",
+    "EFFORT_LEVELS",
+    "THINKING_DISPLAYS",
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -86,7 +103,15 @@ MIN_THINKING_BUDGET = 1024
 # The beta that lets Claude 4 models think between tool calls (exact value as documented).
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 
+# ``thinking=`` values: the modes without a budget (budgeted thinking is ``thinking_budget=N``).
+THINKING_MODES = ("adaptive",)
+# ``output_config.effort`` levels as documented (a model may accept only some: the API says which).
+EFFORT_LEVELS = ("low", "medium", "high", "xhigh", "max")
+# ``thinking.display`` values for adaptive thinking: readable summaries, or signature-only blocks.
+THINKING_DISPLAYS = ("summarized", "omitted")
+
 assert 0 < MIN_THINKING_BUDGET
+assert THINKING_MODES and EFFORT_LEVELS and THINKING_DISPLAYS
 # Reasoning parts, passed back verbatim, where they streamed (first in their turn unless interleaved).
 _THINKING_TYPES = ("thinking", "redacted_thinking")
 
@@ -176,20 +201,49 @@ class AnthropicProvider(HTTPProvider):
 
     def __init__(
         self, model: str, *, base_url: str | None = None, thinking_budget: int | None = None,
-        interleaved_thinking: bool = False, **kw: Any,
+        interleaved_thinking: bool = False, thinking: str | None = None, effort: str | None = None,
+        thinking_display: str | None = None, **kw: Any,
     ) -> None:
         """``thinking_budget``: enable extended thinking with this many ``budget_tokens``
         (an int >= :data:`MIN_THINKING_BUDGET`, below ``max_tokens`` unless interleaved;
-        None: off). ``interleaved_thinking``: send the ``interleaved-thinking-2025-05-14``
-        beta (Claude 4 models think between tool calls); needs ``thinking_budget``, and
-        lets the budget reach or pass ``max_tokens`` (the docs allow it with tools: it is
-        then the budget of the whole assistant turn)."""
+        None: off) — the older models' mode (up to the 4.5 family; deprecated on 4.6,
+        refused by Opus 4.7+). ``interleaved_thinking``: send the
+        ``interleaved-thinking-2025-05-14`` beta (Claude 4 models think between tool calls);
+        needs ``thinking_budget``, and lets the budget reach or pass ``max_tokens`` (the docs
+        allow it with tools: it is then the budget of the whole assistant turn).
+
+        ``thinking="adaptive"``: adaptive thinking (4.6 models and later), the model choosing
+        how much to think; exclusive with ``thinking_budget``; interleaves by itself, so
+        ``interleaved_thinking=True`` is refused with it. ``thinking_display``: "summarized" or
+        "omitted" (adaptive only; None sends no ``display``: the model's default, "omitted" on
+        Opus 4.7+). ``effort``: one of :data:`EFFORT_LEVELS`, sent as ``output_config.effort``,
+        with any thinking mode or none."""
         import os
 
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL
         super().__init__(model, base_url=base, **kw)
         if not isinstance(interleaved_thinking, bool):
             raise ValueError(f"interleaved_thinking must be a bool, not {type(interleaved_thinking).__name__}")
+        if thinking is not None and thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {', '.join(map(repr, THINKING_MODES))} or None, not {thinking!r} "
+                             f"(budgeted thinking is thinking_budget=N)")
+        if thinking is not None and thinking_budget is not None:
+            raise ValueError(f"thinking={thinking!r} and thinking_budget= are exclusive: adaptive thinking has no "
+                             f"budget (use effort= to steer it), budgeted thinking is for models without adaptive")
+        if thinking is not None and interleaved_thinking:
+            raise ValueError("adaptive thinking interleaves reasoning between tool calls by itself (no beta header): "
+                             "drop interleaved_thinking=True")
+        if thinking_display is not None:
+            if thinking != "adaptive":
+                raise ValueError("thinking_display needs thinking='adaptive'")
+            if thinking_display not in THINKING_DISPLAYS:
+                raise ValueError(f"thinking_display must be one of {', '.join(map(repr, THINKING_DISPLAYS))}, "
+                                 f"not {thinking_display!r}")
+        if effort is not None and effort not in EFFORT_LEVELS:
+            raise ValueError(f"effort must be one of {', '.join(map(repr, EFFORT_LEVELS))} or None, not {effort!r}")
+        self.thinking = thinking
+        self.thinking_display = thinking_display
+        self.effort = effort
         if interleaved_thinking and thinking_budget is None:
             raise ValueError("interleaved_thinking=True needs extended thinking on: pass thinking_budget= too "
                              f"(an int >= {MIN_THINKING_BUDGET})")
@@ -232,7 +286,9 @@ class AnthropicProvider(HTTPProvider):
         is None (no valid request fits: the loop refuses the call as over the ceiling).
         With ``interleaved_thinking`` the same: the docs let the budget pass ``max_tokens``
         only in requests with tools (this is not told whether the call has any), and a
-        budget below the clamp keeps the call's whole output, reasoning included, under it."""
+        budget below the clamp keeps the call's whole output, reasoning included, under it.
+        Adaptive thinking has no budget: any clamp >= 1 is valid as it is ({}), the smaller
+        ``max_tokens`` capping the response, reasoning included."""
         if max_tokens < 1:
             return None
         if self.thinking_budget is None or self.thinking_budget < max_tokens:
@@ -288,9 +344,32 @@ class AnthropicProvider(HTTPProvider):
                         provider=self.name,
                     )
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        elif self.thinking is not None:
+            body["thinking"] = {"type": self.thinking}
+            if self.thinking_display is not None:
+                body["thinking"]["display"] = self.thinking_display
+        if self.effort is not None:
+            body["output_config"] = {"effort": self.effort}
         if tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": dict(t.parameters)} for t in tools]
         return body
+
+    async def _post_messages(self, body: Mapping[str, Any]) -> AsyncIterator[Any]:
+        """``_post_sse`` to the Messages API; a 400 refusing budgeted thinking (Opus 4.7+ answers
+        ``thinking.type.enabled is not supported for this model``) says which option to use
+        instead. Still permanent, status and type kept: only the message gains the hint."""
+        try:
+            async with aclosing(self._post_sse("/v1/messages", body)) as events:
+                async for sse in events:
+                    yield sse
+        except PermanentProviderError as e:
+            if e.status == 400 and self.thinking_budget is not None and "thinking.type.enabled" in e.message:
+                raise PermanentProviderError(
+                    f"{e.message} (this model takes adaptive thinking: AnthropicProvider(thinking='adaptive', "
+                    f"effort=...) in place of thinking_budget=)",
+                    status=e.status, provider=e.provider, error_type=e.error_type, retry_after=e.retry_after,
+                ) from e
+            raise
 
     async def stream(
         self,
@@ -306,7 +385,7 @@ class AnthropicProvider(HTTPProvider):
         usage: dict[str, int] = {}
         stop_reason: str | None = None
         kinds: dict[int, str] = {}  # content block index -> "text" | "tool_use" | "thinking" | other
-        async with aclosing(self._post_sse("/v1/messages", body)) as events:
+        async with aclosing(self._post_messages(body)) as events:
             async for sse in events:
                 if not sse.data:
                     continue

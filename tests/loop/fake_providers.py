@@ -463,7 +463,11 @@ class ThinkingReply(FakeReply):
     ``block`` after the first ``position`` of the reply's text / tool_use blocks (the text,
     when there is one, is the first of them; each tool call one more), e.g. ``[(1, ("thinking",
     "...", SIG2))]`` with two tool calls and no text streams thinking, tool_use, thinking,
-    tool_use."""
+    tool_use.
+
+    A block ``("omitted_thinking", signature)`` is a thinking block as adaptive thinking streams
+    it with ``display: "omitted"`` (the Opus 4.7+ default): ``content_block_start`` with empty
+    ``thinking``, no ``thinking_delta`` at all, one ``signature_delta``, ``content_block_stop``."""
 
     thinking: Sequence[tuple[str, ...]] = ()
     pause: float = 0.0
@@ -481,6 +485,12 @@ def _reasoning_block_events(idx: int, block: tuple[str, ...], chunk: int) -> lis
         for piece in _split(text, chunk):
             ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
                                                    "delta": {"type": "thinking_delta", "thinking": piece}}))
+        ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
+                                               "delta": {"type": "signature_delta", "signature": sig}}))
+    elif block[0] == "omitted_thinking":
+        _, sig = block
+        ev.append(_sse("content_block_start", {"type": "content_block_start", "index": idx,
+                                               "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
         ev.append(_sse("content_block_delta", {"type": "content_block_delta", "index": idx,
                                                "delta": {"type": "signature_delta", "signature": sig}}))
     else:
@@ -532,6 +542,13 @@ def thinking_events(r: ThinkingReply) -> list[Any]:
             idx += 1
     ev.extend(tail)
     return ev
+
+
+def budgeted_thinking_unsupported() -> FakeError:
+    """Opus 4.7+'s answer to ``"thinking": {"type": "enabled", ...}`` (as reported verbatim)."""
+    return FakeError(400, error_type="invalid_request_error",
+                     message='"thinking.type.enabled" is not supported for this model. Use "thinking.type.adaptive" '
+                             'and "output_config.effort" to control thinking behavior.')
 
 
 class ThinkingServer(FakeProviderServer):

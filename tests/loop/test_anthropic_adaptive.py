@@ -238,3 +238,32 @@ async def test_an_unrelated_400_gets_no_hint(server):
         out = await rt.run(agent, "c", "hi")
     assert out.status == "failed" and out.error["type"] == "permanent"
     assert "thinking='adaptive'" not in out.error["message"]  # adaptive is already on: no advice to give
+
+
+async def test_omitted_thinking_streams_to_the_journal_as_textless_parts_in_place(server):
+    """A slow thinker (a pause after the leading block, so the loop journals parts before the
+    answer ends): signature-only thinking, text, signature-only thinking, tool_use arrive as
+    parts 0..3 in that order, the thinking parts carrying no text at all (nothing to show)."""
+    server.enqueue(
+        ThinkingReply("Let me check.", tool_calls=[("toolu_9", "lookup", {"city": "Oslo"})],
+                      thinking=[("omitted_thinking", SIG)], interleaved=[(1, ("omitted_thinking", SIG2))], pause=0.3),
+        FakeReply("Sunny."),
+    )
+    calls: list[str] = []
+    agent = Agent("w", "", anthropic(server, thinking="adaptive"), tools=[lookup_tool(calls)])
+    async with Runtime.open("memory:") as rt:
+        out = await rt.run(agent, "j", "Oslo?")
+        assert out.ok, out
+        page = await rt.read_events("j", limit=1000)
+        msgs = await rt.transcript("j")
+    parts = [(e.type, e.data) for e in page.events if e.type in ("part.added", "part.updated") and e.data["call"] == 1]
+    assert [(d["part"], d["kind"]) for t, d in parts if t == "part.added"] == [
+        (0, "thinking"), (1, "text"), (2, "thinking"), (3, "tool_call")]
+    assert all("thinking" not in d and "text" not in d for _, d in parts if d["part"] in (0, 2))
+    assert msgs[1]["content"] == [
+        {"type": "thinking", "thinking": "", "signature": SIG},
+        {"type": "text", "text": "Let me check."},
+        {"type": "thinking", "thinking": "", "signature": SIG2},
+        {"type": "tool_call", "id": "toolu_9", "name": "lookup", "arguments": {"city": "Oslo"}},
+    ]
+    assert server.requests[1].body["messages"][1]["content"][2] == {"type": "thinking", "thinking": "", "signature": SIG2}

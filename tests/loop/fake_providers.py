@@ -571,3 +571,16 @@ class ThinkingServer(FakeProviderServer):
                 await stream.send_all(b"%x\r\n%s\r\n" % (len(ev), ev))
         if complete:
             await stream.send_all(b"0\r\n\r\n")
+
+
+def lookup_tool(calls: list[str]) -> Any:
+    """A ``lookup(city)`` tool that records each city it was called with in ``calls``."""
+    from loop import tool
+
+    @tool
+    def lookup(city: str) -> str:
+        """Weather for a city."""
+        calls.append(city)
+        return f"{city}: sunny"
+
+    return lookup

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fake_providers import (SIG, FakeReply, ThinkingReply, ThinkingServer, budgeted_thinking_unsupported)
-from loop import Agent, Runtime, tool
+from fake_providers import SIG, FakeReply, ThinkingReply, budgeted_thinking_unsupported, lookup_tool
+from loop import Agent, Runtime
 from loop import messages as M
 from loop.errors import PermanentProviderError
 from loop.providers import AnthropicProvider, ToolSpec, make_provider
@@ -30,30 +30,8 @@ SIG3 = "EpoBCkYIBRgCIkDthird+omitted+after/the+calls=="
 SIG4 = "EpoBCkYIBRgCIkDfourth+omitted+final/answer=="
 
 
-@pytest.fixture
-async def server(nursery):
-    s = ThinkingServer()
-    await nursery.start(s.serve)
-    yield s
-
-
-@pytest.fixture(params=["memory", "lmdb"])
-def kv_url(request, tmp_path):
-    return "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-
-
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
     return AnthropicProvider("claude-opus-4-7-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
-
-
-def lookup_tool(calls: list[str]):
-    @tool
-    def lookup(city: str) -> str:
-        """Weather for a city."""
-        calls.append(city)
-        return f"{city}: sunny"
-
-    return lookup
 
 
 # ---------------------------------------------------------------------- the request body

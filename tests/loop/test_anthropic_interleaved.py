@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from fake_providers import REDACTED, SIG, FakeReply, ThinkingReply, ThinkingServer
-from loop import Agent, Runtime, tool
+from fake_providers import REDACTED, SIG, FakeReply, ThinkingReply, lookup_tool
+from loop import Agent, Runtime
 from loop import messages as M
 from loop.errors import PermanentProviderError
 from loop.providers import (AnthropicProvider, Finish, ResponseBuilder, TextDelta, ToolCallDelta, ToolCallStart,
@@ -33,30 +33,8 @@ BETWEEN = "Oslo is done; now Rome."
 AFTER = "Both looked up; compare them."
 
 
-@pytest.fixture
-async def server(nursery):
-    s = ThinkingServer()
-    await nursery.start(s.serve)
-    yield s
-
-
-@pytest.fixture(params=["memory", "lmdb"])
-def kv_url(request, tmp_path):
-    return "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-
-
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
     return AnthropicProvider("claude-sonnet-4-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
-
-
-def lookup_tool(calls: list[str]):
-    @tool
-    def lookup(city: str) -> str:
-        """Weather for a city."""
-        calls.append(city)
-        return f"{city}: sunny"
-
-    return lookup
 
 
 # ---------------------------------------------------------------------- the header

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from fake_providers import (REDACTED, SIG, FakeBreak, FakeProviderServer, FakeReply, ThinkingReply, ThinkingServer,
+from fake_providers import (REDACTED, SIG, FakeBreak, FakeProviderServer, FakeReply, ThinkingReply, ThinkingServer, lookup_tool,
                             _sse, anthropic_events)
-from loop import Agent, Runtime, tool
+from loop import Agent, Runtime
 from loop import messages as M
 from loop.cli import render_event
 from loop.compaction import choose_cut, estimate_context_tokens, model_context, summary_request
@@ -35,30 +35,8 @@ from loop.stream import PartCoalescer
 TOOLS = [ToolSpec("lookup", "Look a city up.", {"type": "object", "properties": {"city": {"type": "string"}}})]
 
 
-@pytest.fixture
-async def server(nursery):
-    s = ThinkingServer()
-    await nursery.start(s.serve)
-    yield s
-
-
-@pytest.fixture(params=["memory", "lmdb"])
-def kv_url(request, tmp_path):
-    return "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-
-
 def anthropic(server: FakeProviderServer, **kw: Any) -> AnthropicProvider:
     return AnthropicProvider("claude-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
-
-
-def lookup_tool(calls: list[str]):
-    @tool
-    def lookup(city: str) -> str:
-        """Weather for a city."""
-        calls.append(city)
-        return f"{city}: sunny"
-
-    return lookup
 
 
 THOUGHT = "The user wants Oslo's weather; the lookup tool answers that. Call it."

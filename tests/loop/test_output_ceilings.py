@@ -47,11 +47,6 @@ def cut_reason(dialect: str) -> str:
     return "max_tokens" if dialect == "anthropic" else "length"
 
 
-@pytest.fixture(params=["memory", "lmdb"])
-def kv_url(request, tmp_path):
-    return "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-
-
 @tool
 def lookup(city: str) -> str:
     """Look a city up."""

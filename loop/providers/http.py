@@ -65,11 +65,6 @@ class HTTPProvider:
         unbounded as far as the loop can tell). Anthropic overrides it (it always sends one)."""
         return max_tokens or self.max_tokens or None
 
-    def capped_call_options(self, max_tokens: int) -> dict[str, Any] | None:
-        """Extra ``stream`` keywords for a call clamped to ``max_tokens`` by a usage ceiling:
-        none here (any ``max_tokens >= 1`` is a valid request)."""
-        return {} if max_tokens >= 1 else None
-
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)

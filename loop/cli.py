@@ -13,7 +13,11 @@ With the default ``echo`` model it works offline; ``/now`` or ``/add {"a": 1,
 "deploy"`` one that asks for approval.  ``--pricing FILE`` (or
 ``$SUREFOOT_PRICING``) prices models (format: :mod:`loop.pricing`), so
 ``--max-cost-micros N`` can put a cost ceiling on the new run; a bad file is
-refused before the data directory is opened.
+refused before the data directory is opened.  The model options (``--max-tokens``,
+``--thinking off|adaptive|BUDGET``, ``--effort``, ``--thinking-display``,
+``--interleaved-thinking``, ``--max-tokens-param``: :func:`add_model_options`, shared with
+``surefoot serve``) set what a ``--model`` spec cannot say; one the model cannot take is
+refused (exit 2) before the data directory is opened too.
 
 ``surefoot inspect [CONVERSATION]`` shows conversations, runs with their
 states and attempts, the transcript and the journal.
@@ -25,7 +29,8 @@ import argparse
 import datetime as _dt
 import json
 import sys
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import trio
 
@@ -35,16 +40,22 @@ from sessions.errors import NotFound as SessionNotFound
 
 from . import messages as M
 from .agents import Agent, tool
+from .errors import ModelSpecError
 from .pricing import PRICING_ENV, PRICING_OPTION_HELP, Price, PricingFileError, price_for, pricing_from_option
+from .providers import DEFAULT_MAX_TOKENS, ModelSpec, Provider, make_provider, parse_model_spec
+from .providers.anthropic import EFFORT_LEVELS, MIN_THINKING_BUDGET, THINKING_DISPLAYS
+from .providers.openai import MAX_TOKENS_PARAMS
 from .runtime import Runtime
 
-__all__ = ["add_commands", "cmd_run", "cmd_inspect", "demo_tools", "render_event", "DEFAULT_DATA_DIR"]
+__all__ = ["add_commands", "cmd_run", "cmd_inspect", "demo_tools", "render_event", "DEFAULT_DATA_DIR",
+           "add_model_options", "model_from_args", "ModelChoice", "ModelOptionError"]
 
 DEFAULT_DATA_DIR = "./surefoot-data"
 DEFAULT_CONVERSATION = "main"
 UNSETTLED = ("queued", "running", "parked")
 EXIT_FAILED, EXIT_LOCKED, EXIT_PARKED, EXIT_INTERRUPTED = 1, 2, 3, 130
-# A bad --pricing file or a ceiling it cannot enforce: a usage error, argparse's own exit code.
+# A model option the model cannot take, a bad --pricing file or a ceiling it cannot enforce: a
+# usage error, argparse's own exit code.
 EXIT_USAGE = 2
 
 
@@ -94,6 +105,196 @@ def _non_negative_int(text: str) -> int:
     return n
 
 
+# ---------------------------------------------------------------------- model options
+#
+# The provider options a spec string cannot carry (loop.providers: a spec names a model and
+# where it is served, nothing more), as command-line options of `surefoot run` and `surefoot
+# serve`. Both commands call add_model_options() and model_from_args(), so the two cannot
+# drift apart. Every combination the chosen provider cannot take is refused here, before
+# the command opens (or creates) any storage: a typo must not leave a data directory behind,
+# nor a run queued that the next invocation would resume and fail. No environment variables:
+# only --pricing has one ($SUREFOOT_PRICING, a file path a deployment sets once); these are
+# per-invocation choices.
+
+THINKING_OFF = "off"
+THINKING_ADAPTIVE = "adaptive"
+#: argparse help of the option group (no bare percent signs).
+MODEL_OPTIONS_HELP = ("Options of the --model provider that the spec string cannot carry. A combination the "
+                      "provider cannot take is refused (exit 2) before any storage is opened.")
+
+
+class ModelOptionError(ValueError):
+    """A model option the chosen model (or the other options) cannot take. ``str()`` is
+    argparse's wording, ``argument --OPTION: why``, which the commands print after
+    ``surefoot CMD: error:`` and exit 2, as argparse does for a bad command line."""
+
+    def __init__(self, option: str, why: str) -> None:
+        super().__init__(f"argument {option}: {why}")
+        self.option = option
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {n}")
+    return n
+
+
+def _thinking_value(text: str) -> str | int:
+    """``off`` | ``adaptive`` | BUDGET (a positive integer of thinking tokens)."""
+    t = text.strip()
+    if t in (THINKING_OFF, THINKING_ADAPTIVE):
+        return t
+    try:
+        n = int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not {THINKING_OFF}, {THINKING_ADAPTIVE} or a budget of thinking tokens: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a thinking budget must be a positive integer, not {n}")
+    return n
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Add the model options (``--max-tokens``, ``--thinking``, ``--effort``,
+    ``--thinking-display``, ``--interleaved-thinking``, ``--max-tokens-param``) to a command;
+    :func:`model_from_args` checks and applies them."""
+    g = p.add_argument_group("model options", MODEL_OPTIONS_HELP)
+    g.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
+                   help="the agent's output cap per model call (Agent.max_tokens; any model). Anthropic's "
+                        f"default is {DEFAULT_MAX_TOKENS}; an OpenAI-compatible server gets none unless set "
+                        "(vLLM refuses one past its context window: set it when using usage ceilings)")
+    g.add_argument("--thinking", type=_thinking_value, default=None, metavar="off|adaptive|BUDGET",
+                   help="Anthropic only. adaptive: adaptive thinking (Claude 4.6 and later; steer it with "
+                        f"--effort); BUDGET: extended thinking with that many budget tokens (>= {MIN_THINKING_BUDGET}, "
+                        "below --max-tokens; older models, refused by Opus 4.7+); off: none (the default)")
+    g.add_argument("--effort", choices=EFFORT_LEVELS, default=None,
+                   help="Anthropic, with --thinking adaptive: output_config.effort (a model refuses a level "
+                        "it lacks: the run fails with the API's 400)")
+    g.add_argument("--thinking-display", choices=THINKING_DISPLAYS, default=None,
+                   help="Anthropic, with --thinking adaptive: readable summaries or signature-only thinking "
+                        "blocks (default: the model's; omitted on Opus 4.7+)")
+    g.add_argument("--interleaved-thinking", action="store_true", default=False,
+                   help="Anthropic, with --thinking BUDGET: send the interleaved-thinking beta header (Claude 4 "
+                        "models think between tool calls; the budget may then reach --max-tokens)")
+    g.add_argument("--max-tokens-param", choices=MAX_TOKENS_PARAMS, default=None,
+                   help="OpenAI-compatible only: the request key the output cap goes under (default max_tokens, "
+                        "what vLLM, llama.cpp and Ollama know; max_completion_tokens for OpenAI's reasoning "
+                        "models, o-series and gpt-5, which refuse max_tokens)")
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a command's model options come to: ``model`` for ``Agent.model`` (the ``--model``
+    spec itself, or a provider object built from it when a provider option is set) and
+    ``max_tokens`` for ``Agent.max_tokens``."""
+
+    spec: str
+    model: str | Provider
+    max_tokens: int | None = None
+    #: The options set, as a command would write them (for a start-up line); () when none.
+    options: tuple[str, ...] = ()
+
+    def agent(self, name: str, instructions: str, **kw: Any) -> Agent:
+        return Agent(name, instructions, self.model, max_tokens=self.max_tokens, **kw)
+
+    def pricing(self, table: Mapping[str, Price]) -> Mapping[str, Price]:
+        """``table`` as it must be for :attr:`model`. A price is found for a spec string by the
+        spec as written, then ``provider:MODEL``, then ``MODEL``; for a provider object only by
+        the last two (its ``name`` and ``model``). So that setting a provider option does not
+        lose a price keyed by the spec as written (``openai:M@http://host/v1``), that price is
+        added under the provider's name, for this command's one agent."""
+        if isinstance(self.model, str):
+            return table
+        want = price_for(table, self.spec)
+        if want is None or price_for(table, self.model) == want:
+            return table
+        return {**table, self.model.name: want}
+
+
+def model_from_args(args: argparse.Namespace) -> ModelChoice:
+    """Check ``args``' ``--model`` and model options against each other and build what they
+    ask for; :class:`ModelOptionError` names the first option the model cannot take and why.
+    Opens nothing (a provider object's HTTP client is made on its first call)."""
+    spec = str(getattr(args, "model", None) or "echo")
+    max_tokens: int | None = getattr(args, "max_tokens", None)
+    thinking: str | int | None = getattr(args, "thinking", None)
+    effort: str | None = getattr(args, "effort", None)
+    display: str | None = getattr(args, "thinking_display", None)
+    interleaved = bool(getattr(args, "interleaved_thinking", False))
+    tokens_param: str | None = getattr(args, "max_tokens_param", None)
+    try:
+        ms: ModelSpec = parse_model_spec(spec)
+    except ModelSpecError as e:
+        raise ModelOptionError("--model", str(e)) from None
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ModelOptionError("--max-tokens", f"must be a positive integer, not {max_tokens!r}")
+    budget = thinking if isinstance(thinking, int) and not isinstance(thinking, bool) else None
+    adaptive = thinking == THINKING_ADAPTIVE
+    # Which provider each option belongs to (the first one the model cannot take is named).
+    anthropic_only = [(o, v) for o, v in (("--thinking", thinking if thinking != THINKING_OFF else None),
+                                          ("--effort", effort), ("--thinking-display", display),
+                                          ("--interleaved-thinking", interleaved or None)) if v is not None]
+    if ms.kind != "anthropic" and anthropic_only:
+        raise ModelOptionError(anthropic_only[0][0], f"only an anthropic:MODEL model takes it, not {spec!r} "
+                                                     f"(the {ms.kind} provider has no such option)")
+    if tokens_param is not None and ms.kind != "openai":
+        raise ModelOptionError("--max-tokens-param", f"only an openai:MODEL model takes it, not {spec!r} "
+                                                     f"(the {ms.kind} provider has one name for its cap)")
+    if effort is not None and not adaptive:
+        raise ModelOptionError("--effort", "needs --thinking adaptive")
+    if display is not None and not adaptive:
+        raise ModelOptionError("--thinking-display", "needs --thinking adaptive (budgeted thinking has no display)")
+    if interleaved and adaptive:
+        raise ModelOptionError("--interleaved-thinking", "adaptive thinking interleaves reasoning between tool "
+                                                         "calls by itself: drop it, or use --thinking BUDGET")
+    if interleaved and budget is None:
+        raise ModelOptionError("--interleaved-thinking", "needs extended thinking on: --thinking BUDGET")
+    if budget is not None:
+        if budget < MIN_THINKING_BUDGET:
+            raise ModelOptionError("--thinking", f"a budget of {budget} tokens is below the API's minimum of "
+                                                 f"{MIN_THINKING_BUDGET}")
+        cap = max_tokens or DEFAULT_MAX_TOKENS
+        if budget >= cap and not interleaved:
+            said = "--max-tokens" if max_tokens else "the default max_tokens"
+            raise ModelOptionError("--thinking", f"a budget of {budget} tokens must be less than {said} {cap} "
+                                                 f"(the budget is part of it): raise --max-tokens, or add "
+                                                 f"--interleaved-thinking on a Claude 4 model with tools")
+    kw: dict[str, Any] = {}
+    options: list[str] = []
+    if max_tokens is not None:
+        options.append(f"--max-tokens {max_tokens}")
+    if budget is not None:
+        kw["thinking_budget"] = budget
+    elif adaptive:
+        kw["thinking"] = THINKING_ADAPTIVE
+    if thinking is not None and thinking != THINKING_OFF:
+        options.append(f"--thinking {thinking}")
+    for key, option, value in (("effort", "--effort", effort), ("thinking_display", "--thinking-display", display),
+                               ("max_tokens_param", "--max-tokens-param", tokens_param)):
+        if value is not None:
+            kw[key] = value
+            options.append(f"{option} {value}")
+    if interleaved:
+        kw["interleaved_thinking"] = True
+        options.append("--interleaved-thinking")
+    if not kw:
+        # Nothing the spec cannot say: the agent keeps the spec string (the run's delivery records
+        # it, and prices are looked up by it as written).
+        return ModelChoice(spec, spec, max_tokens, tuple(options))
+    if max_tokens is not None:
+        kw["max_tokens"] = max_tokens  # the provider's own checks (budget < max_tokens) see the real cap
+    try:
+        provider = make_provider(ms, **kw)
+    except ValueError as e:  # a rule checked above in the provider's words (kept as a safety net)
+        first = next(o for o in options if not o.startswith("--max-tokens "))
+        raise ModelOptionError(first.split()[0], str(e)) from None
+    return ModelChoice(spec, provider, max_tokens, tuple(options))
+
+
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``run`` and ``inspect`` to the ``surefoot`` command."""
     p = subparsers.add_parser(
@@ -121,6 +322,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                         "that would pass it is not made and the run fails usage_limit (the model needs a price)")
     p.add_argument("--log-level", default="warning")
     p.add_argument("message", nargs="?", help="the user message (omit to only resume unfinished runs)")
+    add_model_options(p)
     p.set_defaults(func=cmd_run)
 
     q = subparsers.add_parser(
@@ -240,23 +442,29 @@ def render_event(ev: Any) -> tuple[bool, str] | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``surefoot run``: exit 0 completed, 1 failed/cancelled, 2 data directory locked or a bad
-    ``--pricing`` file / unpriced ``--max-cost-micros``, 3 parked, 130 interrupted."""
-    # The pricing is checked before anything is opened: a typo in the file must not leave a
-    # data directory behind, nor a run queued that the next invocation would resume.
+    """``surefoot run``: exit 0 completed, 1 failed/cancelled, 2 data directory locked, a model
+    option the model cannot take, a bad ``--pricing`` file or an unpriced ``--max-cost-micros``,
+    3 parked, 130 interrupted."""
+    # The model options and the pricing are checked before anything is opened: a typo must not
+    # leave a data directory behind, nor a run queued that the next invocation would resume.
     try:
-        pricing = pricing_from_option(getattr(args, "pricing", None))
+        choice = model_from_args(args)
+    except ModelOptionError as e:
+        sys.stderr.write(f"surefoot run: error: {e}\n")
+        return EXIT_USAGE
+    try:
+        pricing = dict(choice.pricing(pricing_from_option(getattr(args, "pricing", None))))
     except PricingFileError as e:
         sys.stderr.write(f"surefoot run: {e}\n")
         return EXIT_USAGE
     ceiling = getattr(args, "max_cost_micros", None)
-    if ceiling is not None and args.message and price_for(pricing, args.model) is None:
+    if ceiling is not None and args.message and price_for(pricing, choice.model) is None:
         # (Runtime.submit would refuse it too, with MissingPrice, but only after opening the store.)
         sys.stderr.write(f"surefoot run: --max-cost-micros needs a price for model {args.model!r}: add it "
                          f"to a pricing file (--pricing FILE or ${PRICING_ENV})\n")
         return EXIT_USAGE
     try:
-        return trio.run(_run_main, args, pricing)
+        return trio.run(_run_main, args, pricing, choice)
     except BaseException as e:  # KeyboardInterrupt, possibly inside trio's exception groups
         locked = _locked(e)
         if locked is not None:
@@ -298,8 +506,8 @@ async def _ask(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-async def _run_main(args: argparse.Namespace, pricing: dict[str, Price]) -> int:
-    agent = Agent(args.agent, args.instructions, args.model, tools=[] if args.no_tools else demo_tools())
+async def _run_main(args: argparse.Namespace, pricing: dict[str, Price], choice: ModelChoice) -> int:
+    agent = choice.agent(args.agent, args.instructions, tools=[] if args.no_tools else demo_tools())
     out = sys.stdout
     renderer = _Renderer(out, as_json=args.json)
     ceiling = getattr(args, "max_cost_micros", None)

@@ -61,7 +61,20 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--backlog", type=int, default=2048, help="listen backlog (bursts of SSE followers)")
     p.add_argument("--log-level", default="info")
+    _add_model_options(p)
     p.set_defaults(func=_cmd_serve)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The model options of ``surefoot run`` (``--max-tokens``, ``--thinking``...), defined and
+    checked once, in ``loop.cli``; serve applies them to its default agent."""
+    try:
+        from loop.cli import add_model_options
+    except ModuleNotFoundError as e:  # the loop is not in this build (a broken import inside it is not hidden)
+        if e.name not in ("loop", "loop.cli"):
+            raise
+        return
+    add_model_options(p)
 
 
 def _pricing_help() -> str:

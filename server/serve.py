@@ -1,6 +1,7 @@
 """`surefoot serve`: the Runtime, its claim loops and the HTTP app in one trio run.
 
-Start-up: read the pricing file (``--pricing``, else ``$SUREFOOT_PRICING``; a
+Start-up: check ``--model`` and the model options (``loop.cli.model_from_args``: one the
+model cannot take ends the command, exit 2, before anything is opened), read the pricing file (``--pricing``, else ``$SUREFOOT_PRICING``; a
 bad one ends the command here, one line on stderr, before any storage is
 opened), open the store (the embedded engine refuses a second process on the
 same directory with a clear message), recover what a crash left (Runtime.open
@@ -50,7 +51,7 @@ DEFAULT_INSTRUCTIONS = "You are a helpful assistant."
 #: live object (the whole Runtime, every connection), came every ~70k allocations: pauses of 26-164 ms
 #: were measured under many writers, each one added to every in-flight acknowledgement and SSE frame.
 GC_THRESHOLDS = (20_000, 20, 20)
-#: Exit code for a bad pricing file (argparse's code for a bad command line).
+#: Exit code for a bad model option or pricing file (argparse's code for a bad command line).
 EXIT_USAGE = 2
 assert DEFAULT_BACKLOG >= 1_024
 assert all(t > 0 for t in GC_THRESHOLDS)
@@ -69,10 +70,13 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def default_agent(model: str = "echo") -> Any:
+def default_agent(model: Any = "echo", *, max_tokens: int | None = None) -> Any:
+    """The agent ``surefoot serve`` serves: ``model`` a spec string or a provider object (what
+    ``loop.cli.model_from_args`` makes of ``--model`` and the model options), ``max_tokens`` its
+    output cap per call (``--max-tokens``)."""
     from loop import Agent
 
-    return Agent("default", DEFAULT_INSTRUCTIONS, model)
+    return Agent("default", DEFAULT_INSTRUCTIONS, model, max_tokens=max_tokens)
 
 
 def hypercorn_config(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG,
@@ -182,17 +186,17 @@ async def serve_store(
     return 0
 
 
-async def _serve(args: argparse.Namespace, pricing: Mapping[str, Any]) -> int:
+async def _serve(args: argparse.Namespace, pricing: Mapping[str, Any], choice: Any) -> int:
     url = args.kv or f"lmdb:{args.data or './surefoot-data'}"
     authenticator = Authenticator(auth_from_env(args.auth))
     if not authenticator.configured():
         log.warning("authentication (%s) is not configured: every /v1 route answers 503 until it is "
                     "(set SUREFOOT_TOKEN, or SUREFOOT_JWT_KEY and SUREFOOT_JWT_ISSUER)", args.auth)
     return await serve_store(
-        url, authenticator=authenticator, agent=default_agent(args.model), workers=args.workers,
-        host=args.host, port=args.port, backlog=args.backlog, pricing=pricing,
-        describe=f" (auth: {args.auth}, model: {args.model}, workers: {args.workers}, "
-                 f"priced models: {len(pricing)})")
+        url, authenticator=authenticator, agent=default_agent(choice.model, max_tokens=choice.max_tokens),
+        workers=args.workers, host=args.host, port=args.port, backlog=args.backlog, pricing=pricing,
+        describe=f" (auth: {args.auth}, model: {' '.join((args.model, *choice.options))}, "
+                 f"workers: {args.workers}, priced models: {len(pricing)})")
 
 
 async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
@@ -209,12 +213,19 @@ async def _signals(shutdown: trio.Event, scope: trio.CancelScope) -> None:
 
 def serve_main(args: argparse.Namespace) -> int:
     """``surefoot serve``: exit 0 after a clean shutdown; 1 when the data directory is locked;
-    2 for a bad pricing file (checked first: nothing is opened or created)."""
+    2 for a model option the model cannot take or a bad pricing file (checked first, in that
+    order: nothing is opened or created)."""
+    from loop.cli import ModelOptionError, model_from_args
     from loop.pricing import PricingFileError, pricing_from_option
 
     try:
-        pricing = pricing_from_option(getattr(args, "pricing", None))
+        choice = model_from_args(args)
+    except ModelOptionError as e:
+        print(f"surefoot serve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        pricing = dict(choice.pricing(pricing_from_option(getattr(args, "pricing", None))))
     except PricingFileError as e:
         print(f"surefoot serve: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return trio.run(_serve, args, pricing)
+    return trio.run(_serve, args, pricing, choice)

@@ -8,7 +8,9 @@ Provider options have no spec syntax (a spec names a model and where it is serve
 more): extended thinking, interleaved thinking, or OpenAI's ``max_completion_tokens`` are
 asked for by passing a provider object (``AnthropicProvider(..., thinking_budget=N)``,
 ``OpenAIProvider(..., max_tokens_param="max_completion_tokens")``), or the same keywords to
-:func:`make_provider`.
+:func:`make_provider`. ``surefoot run`` / ``surefoot serve`` take them as options beside
+``--model`` (``--thinking``, ``--effort``, ``--max-tokens-param``...: ``loop.cli.add_model_options``),
+which build the provider object through :func:`make_provider`.
 """
 
 from __future__ import annotations

@@ -194,8 +194,24 @@ def _key_value_type() -> Any:
     return KeyValue
 
 
+def _bytes(x: Any, what: str = "keys") -> bytes:
+    """``x`` as bytes, refusing anything that is not bytes-like.
+
+    ``bytes(x)`` is not a conversion to rely on: ``bytes(5)`` is five zero
+    bytes and ``bytes([1, 2])`` a two-byte key, so a wrong argument would be
+    written under a silently different key. The embedded engine raises
+    TypeError for such arguments (kv/transaction.py ``_check_write_key``), and
+    so do the bindings' own ``keyToBytes``/``valueToBytes`` (fdb/impl.py).
+    """
+    if type(x) is bytes:
+        return x
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return bytes(x)
+    raise TypeError(f"{what} are bytes, not {type(x).__name__}")
+
+
 def _check_key(key: bytes, *, for_write: bool) -> bytes:
-    key = bytes(key)
+    key = _bytes(key)
     if for_write and len(key) > KEY_SIZE_LIMIT:
         raise KVError(_KEY_TOO_LARGE)
     if key >= SYSTEM_KEY_PREFIX:
@@ -204,14 +220,14 @@ def _check_key(key: bytes, *, for_write: bool) -> bytes:
 
 
 def _check_value(value: bytes) -> bytes:
-    value = bytes(value)
+    value = _bytes(value, "values")
     if len(value) > VALUE_SIZE_LIMIT:
         raise KVError(_VALUE_TOO_LARGE)
     return value
 
 
 def _check_range(begin: bytes, end: bytes) -> tuple[bytes, bytes]:
-    begin, end = bytes(begin), bytes(end)
+    begin, end = _bytes(begin), _bytes(end)
     if begin > end:
         raise KVError(_INVERTED_RANGE)
     if end > SYSTEM_KEY_PREFIX:
@@ -227,7 +243,7 @@ def _check_stamp_offset(param: bytes, what: str) -> None:
 
 def _strinc(prefix: bytes) -> bytes:
     """The first key after every key starting with ``prefix`` (fdb.impl.strinc)."""
-    p = bytes(prefix).rstrip(b"\xff")
+    p = _bytes(prefix).rstrip(b"\xff")
     if not p:
         raise ValueError("key must contain at least one byte not equal to 0xFF")
     return p[:-1] + bytes([p[-1] + 1])
@@ -236,8 +252,8 @@ def _strinc(prefix: bytes) -> bytes:
 def _selector(x: Any) -> Any:
     """kv.KeySelector or bytes -> fdb.KeySelector."""
     if isinstance(x, KeySelector) or hasattr(x, "or_equal"):
-        return _fdb.KeySelector(bytes(x.key), bool(x.or_equal), int(x.offset))
-    return _fdb.KeySelector.first_greater_or_equal(bytes(x))
+        return _fdb.KeySelector(_bytes(x.key), bool(x.or_equal), int(x.offset))
+    return _fdb.KeySelector.first_greater_or_equal(_bytes(x))
 
 
 class FDBRangeResult:
@@ -354,12 +370,12 @@ class FDBTransaction:
 
     async def get(self, key: bytes) -> bytes | None:
         with _mapped():
-            fut = self._read.get(bytes(key))
+            fut = self._read.get(_bytes(key))
         return await _result(fut, lambda f: f.value)
 
     async def get_multi(self, keys: Iterable[bytes]) -> list[bytes | None]:
         with _mapped():
-            futs = [self._read.get(bytes(k)) for k in keys]  # all in flight at once
+            futs = [self._read.get(_bytes(k)) for k in keys]  # all in flight at once
         return [await _result(f, lambda f: f.value) for f in futs]
 
     async def get_key(self, selector: KeySelector) -> bytes:
@@ -445,7 +461,7 @@ class FDBTransaction:
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         self._writable()
-        key, value = bytes(key), _check_value(value)
+        key, value = _bytes(key), _check_value(value)
         # libfdb_c reports a malformed stamp template only at the next read or
         # commit (the C call is void); check it here so it raises at once, as on
         # the embedded engine. The 4-byte offset suffix is not part of the key.
@@ -459,7 +475,7 @@ class FDBTransaction:
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
         self._writable()
         key = _check_key(key, for_write=True)
-        value = bytes(value)
+        value = _bytes(value, "values")
         if len(value) < 4:
             raise KVError(_CLIENT_INVALID_OPERATION, "a versionstamped value needs a 4-byte offset suffix")
         _check_stamp_offset(value, "value")
@@ -476,7 +492,7 @@ class FDBTransaction:
             self._tr.add_read_conflict_range(begin, end)
 
     def add_read_conflict_key(self, key: bytes) -> None:
-        key = bytes(key)
+        key = _bytes(key)
         self.add_read_conflict_range(key, key + b"\x00")
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
@@ -486,13 +502,13 @@ class FDBTransaction:
             self._tr.add_write_conflict_range(begin, end)
 
     def add_write_conflict_key(self, key: bytes) -> None:
-        key = bytes(key)
+        key = _bytes(key)
         self.add_write_conflict_range(key, key + b"\x00")
 
     # -- lifecycle --
     def watch(self, key: bytes) -> FDBWatch:
         with _mapped():
-            return FDBWatch(self._tr.watch(bytes(key)))
+            return FDBWatch(self._tr.watch(_bytes(key)))
 
     def get_versionstamp(self) -> _Versionstamp:
         with _mapped():

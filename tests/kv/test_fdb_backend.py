@@ -3,7 +3,15 @@
 The backend's behaviour against a cluster is the whole conformance suite,
 run with SUREFOOT_FDB_CLUSTER_FILE set. Here we check what every machine can:
 that importing kv never needs the library, that ``fdb:`` URLs reach the
-backend, and that a missing library is a clear error rather than a crash.
+backend, that a missing library is a clear error rather than a crash, and the
+backend's pure-Python parts (argument checks, the future-to-trio bridge).
+
+The ``db``-fixture tests at the end are parity checks: they pin down how the
+embedded engine presents an API detail that the FoundationDB backend had to
+adapt (kv/fdb_backend.py), run on memory and LMDB everywhere, and on a cluster
+when SUREFOOT_FDB_CLUSTER_FILE names its cluster file and libfdb_c (the
+foundationdb-clients package) is installed; otherwise that case is skipped
+with that reason.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import importlib.util
 import os
 
 import pytest
+import trio
 
 import kv
 from kv import fdb_backend
@@ -78,3 +87,29 @@ def test_client_side_checks_match_the_embedded_engine():
     assert fdb_backend._check_key(b"k" * KEY_SIZE_LIMIT, for_write=True) == b"k" * KEY_SIZE_LIMIT
     assert fdb_backend._check_range(b"a", b"\xff") == (b"a", b"\xff")
     fdb_backend._check_stamp_offset(b"x" * 12 + (2).to_bytes(4, "little"), "key")  # fits: no error
+
+
+def test_arguments_must_be_bytes_not_anything_bytes_accepts():
+    # bytes(5) is five zero bytes and bytes([1, 2]) a two-byte key: a wrong argument
+    # must be a TypeError (as on the embedded engine), never a silently different key.
+    for bad in (5, [1, 2], "k", None):
+        with pytest.raises(TypeError):
+            fdb_backend._check_key(bad, for_write=True)
+        with pytest.raises(TypeError):
+            fdb_backend._check_value(bad)
+        with pytest.raises(TypeError):
+            fdb_backend._check_range(b"a", bad)
+    assert fdb_backend._check_key(bytearray(b"k"), for_write=True) == b"k"
+    assert fdb_backend._check_value(memoryview(b"v")) == b"v"
+
+
+# --- parity: the embedded engine's behaviour the fdb backend must match ------
+
+async def test_non_bytes_arguments_are_type_errors(db):
+    tr = db.create_transaction()
+    with pytest.raises(TypeError):
+        tr.set(b"k", 5)
+    with pytest.raises(TypeError):
+        tr.set(7, b"v")
+    with pytest.raises(TypeError):
+        await tr.get(5)

@@ -6,6 +6,17 @@ The agent's scripted model calls the ``tick`` tool a few times per turn; each
 execution appends its call's idempotency key to EFFECTS_FILE (flushed and
 fsynced) *before* sleeping, so a SIGKILL mid-tool leaves the effect recorded
 without a result: exactly the case that must not run the tool again.
+
+Options from the environment (each unset = the behaviour above, which
+test_server_process relies on):
+
+* ``SUREFOOT_TEST_TICK_SECONDS`` — how long a tick sleeps (0.15).
+* ``SUREFOOT_TEST_TICKS`` — tool calls per turn (4).
+* ``SUREFOOT_TEST_LEASE_SECONDS`` — the runs' lease (the runtime's 10 s): after a SIGKILL
+  nothing resumes until the dead process's leases lapse, so the chaos soak (chaos.py), which
+  kills many times, shortens it.
+* ``SUREFOOT_TEST_EFFECTS_DETAIL=1`` — each effect line is ``KEY CALL_ID RUN_ID CONVERSATION``
+  (space-separated) instead of the key alone, so a checker can find the call's result.
 """
 
 from __future__ import annotations
@@ -23,13 +34,21 @@ from loop.providers.scripted import reply, tool_call  # noqa: E402
 from server.auth import AuthConfig, Authenticator  # noqa: E402
 from server.serve import serve_store  # noqa: E402
 
-TICKS = 4
+TICKS = int(os.environ.get("SUREFOOT_TEST_TICKS", "4"))
 TICK_SECONDS = float(os.environ.get("SUREFOOT_TEST_TICK_SECONDS", "0.15"))
+LEASE_SECONDS = os.environ.get("SUREFOOT_TEST_LEASE_SECONDS")
+EFFECTS_DETAIL = os.environ.get("SUREFOOT_TEST_EFFECTS_DETAIL") == "1"
+assert TICKS >= 1 and TICK_SECONDS >= 0
 
 
 def main() -> int:
     data, port, effects = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     logging.basicConfig(level=logging.WARNING)
+    if LEASE_SECONDS:
+        # serve_store opens its Runtime without a lease length; the store takes this default.
+        import loop.store
+
+        loop.store.DEFAULT_LEASE_SECONDS = float(LEASE_SECONDS)
 
     def script(messages, tools):
         last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
@@ -40,8 +59,11 @@ def main() -> int:
 
     async def tick(i: int, ctx: ToolContext) -> str:
         """Record the effect, then take a while (the kill lands here)."""
+        line = ctx.idempotency_key
+        if EFFECTS_DETAIL:
+            line = f"{line} {ctx.call_id} {ctx.run_id} {ctx.conversation}"
         with open(effects, "a") as f:
-            f.write(ctx.idempotency_key + "\n")
+            f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
         await trio.sleep(TICK_SECONDS)

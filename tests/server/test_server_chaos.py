@@ -1,0 +1,209 @@
+"""The chaos soak (chaos.py) on a small budget: the real `surefoot serve` process SIGKILLed mid-work
+and restarted, twice per seed, for two seeds; then the checker shown to bite on corrupted records.
+
+A long soak is `python tests/server/chaos.py --seconds 900 --seed N` (README, testing).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import pytest
+
+from chaos import VIOLATIONS, ChaosConfig, check, command, soak_many, summary
+
+SEEDS = (11, 12)
+KILLS = 2  # per seed: the first two kill modes are always mid_tool and after_submit (chaos.kill_modes)
+
+
+@pytest.fixture(scope="module")
+def soaks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict, Any]]:
+    # Sync on purpose: the soaks are one trio.run of their own, both seeds at once (the test
+    # bodies only read the records).
+    cfgs = [config(seed) for seed in SEEDS]
+    results = soak_many(cfgs, [tmp_path_factory.mktemp(f"chaos{seed}") for seed in SEEDS])
+    for _, rep in results:
+        print(summary(rep))
+    return dict(zip(SEEDS, results))
+
+
+def config(seed: int) -> ChaosConfig:
+    return ChaosConfig(seed=seed, seconds=7.0, kills=KILLS)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_repeated_sigkill_keeps_every_promise(soaks, seed):
+    rec, rep = soaks[seed]
+    assert not rep.violations, f"{summary(rep)}\nreproduce: {command(config(seed))}"
+    assert rep.stats["kills"] == KILLS and rec["starts"] == KILLS + 1
+    # the soak did real work and checked it: runs settled, effects and followed events exist
+    assert rep.stats["acks"] >= 5 and rep.stats["runs"] == rep.stats["acks"]
+    assert rep.stats["effects"] > 0 and rep.stats["events_followed"] > 0
+    assert rep.stats["conflicts"] + rep.stats["resends"] + rep.stats["cancels"] > 0
+
+
+def test_the_kills_landed_mid_work(soaks):
+    """Zero violations means something only if the kills hit work in flight."""
+    stats = [rep.stats for _, rep in soaks.values()]
+    # a tool's effect recorded and its result lost: recovered as `interrupted`, not re-run
+    assert sum(s["interrupted_with_effect"] for s in stats) >= 1, stats
+    # an acknowledgement lost to a kill, and the submission retried (same key and body) to an ack
+    assert sum(s["lost_acks_retried"] for s in stats) >= 1, stats
+    # followers were cut by the kills and resumed
+    assert all(f["drops"] >= 1 for rec, _ in soaks.values() for f in rec["followers"] if f["ids"])
+    assert sum(s["follower_connects"] for s in stats) > sum(len(rec["followers"]) for rec, _ in soaks.values())
+
+
+# ----------------------------------------------------------------------------- the checker bites
+
+
+def _interrupted(rec: dict) -> tuple[str, int, int]:
+    for conv, msgs in rec["transcripts"].items():
+        for i, m in enumerate(msgs):
+            for j, p in enumerate(m.get("content") or []):
+                if p.get("type") == "tool_result" and p.get("reason") == "interrupted":
+                    return conv, i, j
+    raise AssertionError("no interrupted result in the record")
+
+
+def dup_effect(rec: dict) -> None:
+    rec["effects"].append(list(rec["effects"][len(rec["effects"]) // 2]))
+
+
+def gap_in_follower(rec: dict) -> None:
+    f = max(rec["followers"], key=lambda f: len(f["ids"]))
+    del f["ids"][len(f["ids"]) // 2]
+
+
+def dup_in_follower(rec: dict) -> None:
+    f = max(rec["followers"], key=lambda f: len(f["ids"]))
+    k = len(f["ids"]) // 2
+    f["ids"].insert(k, f["ids"][k - 1])
+
+
+def follower_swapped(rec: dict) -> None:
+    f = max(rec["followers"], key=lambda f: len(f["ids"]))
+    f["ids"][3], f["ids"][4] = f["ids"][4], f["ids"][3]
+
+
+def interrupted_result_lost(rec: dict) -> None:
+    conv, i, j = _interrupted(rec)
+    del rec["transcripts"][conv][i]["content"][j]
+
+
+def interrupted_result_rerun(rec: dict) -> None:
+    # the recovered call was run again instead: its effect twice and a real result
+    conv, i, j = _interrupted(rec)
+    part = rec["transcripts"][conv][i]["content"][j]
+    effect = next(e for e in rec["effects"] if e[1] == part["call_id"] and e[3] == conv)
+    rec["effects"].append(list(effect))
+    rec["transcripts"][conv][i]["content"][j] = {**part, "reason": None, "is_error": False, "content": "ok 0"}
+
+
+def effect_with_wrong_result(rec: dict) -> None:
+    conv, i, j = _interrupted(rec)
+    part = rec["transcripts"][conv][i]["content"][j]
+    rec["transcripts"][conv][i]["content"][j] = {**part, "reason": "cancelled"}
+
+
+def two_runs_for_a_key(rec: dict) -> None:
+    s = next(s for s in rec["submissions"] if s["acks"])
+    s["acks"].append({**s["acks"][0], "run_id": "f" * 32})
+
+
+def settled_resend_new_run(rec: dict) -> None:
+    s = next(s for s in rec["submissions"] if s["resend"])
+    s["resend"] = {"status": 202, "run_id": "e" * 32}
+
+
+def conflict_accepted(rec: dict) -> None:
+    rec["conflicts"].append({"key": rec["submissions"][0]["key"], "conv": "conv0", "status": 202, "body": "{}"})
+
+
+def ack_lost(rec: dict) -> None:
+    s = next(s for s in rec["submissions"] if s["acks"] and not s["cancel"])
+    rec["runs"][s["acks"][0]["run_id"]]["status"] = "queued"
+
+
+def uncancelled_run_cancelled(rec: dict) -> None:
+    s = next(s for s in rec["submissions"] if s["acks"] and not s["cancel"])
+    rec["runs"][s["acks"][0]["run_id"]]["status"] = "cancelled"
+
+
+def user_message_dropped(rec: dict) -> None:
+    s = next(s for s in rec["submissions"] if s["acks"] and rec["runs"][s["acks"][0]["run_id"]]["status"] == "completed")
+    msgs = rec["transcripts"][s["conv"]]
+    msgs[:] = [m for m in msgs if not (m.get("role") == "user" and s["body"]["message"] in str(m))]
+
+
+def journal_reordered(rec: dict) -> None:
+    j = max(rec["journals"].values(), key=len)
+    j[5], j[6] = j[6], j[5]
+
+
+def terminal_twice(rec: dict) -> None:
+    j = max(rec["journals"].values(), key=len)
+    j.append(dict(next(e for e in j if e["type"] == "run.completed")))
+
+
+def call_answered_twice(rec: dict) -> None:
+    conv, i, j = _interrupted(rec)
+    rec["transcripts"][conv][i]["content"].append(dict(rec["transcripts"][conv][i]["content"][j]))
+
+
+def server_error(rec: dict) -> None:
+    rec["errors"].append({"what": "submit", "status": 500, "body": "Traceback"})
+
+
+def restart_failed(rec: dict) -> None:
+    rec["start_failures"].append("ServerFailed: exited 1 at start 2: Traceback ...")
+
+
+def never_acknowledged(rec: dict) -> None:
+    rec["submissions"].append({**copy.deepcopy(rec["submissions"][0]), "key": "never", "acks": [], "refusals": []})
+
+
+def follower_stalled(rec: dict) -> None:
+    rec["followers_caught_up"] = False
+    max(rec["followers"], key=lambda f: len(f["ids"]))["ids"].pop()
+
+
+BITES: list[tuple[Callable[[dict], None], str]] = [
+    (dup_effect, "tool_at_most_once"),
+    (gap_in_follower, "stream_exact"),
+    (dup_in_follower, "stream_exact"),
+    (follower_swapped, "stream_exact"),
+    (interrupted_result_lost, "interrupted_result"),
+    (interrupted_result_lost, "transcript_well_formed"),
+    (interrupted_result_rerun, "tool_at_most_once"),
+    (effect_with_wrong_result, "interrupted_result"),
+    (two_runs_for_a_key, "one_run_per_key"),
+    (settled_resend_new_run, "one_run_per_key"),
+    (conflict_accepted, "key_conflict_409"),
+    (ack_lost, "ack_settled"),
+    (uncancelled_run_cancelled, "ack_settled"),
+    (user_message_dropped, "ack_in_transcript"),
+    (journal_reordered, "journal_order"),
+    (terminal_twice, "settled_once"),
+    (call_answered_twice, "transcript_well_formed"),
+    (server_error, "server_error"),
+    (follower_stalled, "stream_caught_up"),
+    (restart_failed, "server_start"),
+    (never_acknowledged, "submit_unacknowledged"),
+]
+
+
+@pytest.mark.parametrize("corrupt,expected", BITES, ids=[f"{f.__name__}-{v}" for f, v in BITES])
+def test_the_checker_bites(soaks, corrupt, expected):
+    rec, rep = soaks[SEEDS[0]]
+    assert not check(rec).violations  # the pristine record passes (re-checked: check() is pure)
+    bad = copy.deepcopy(rec)
+    corrupt(bad)
+    names = check(bad).names()
+    assert expected in names, (expected, names)
+    assert names <= set(VIOLATIONS)
+
+
+def test_every_violation_name_has_a_bite():
+    assert {v for _, v in BITES} == set(VIOLATIONS)

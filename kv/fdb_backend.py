@@ -144,14 +144,23 @@ def _mapped() -> Iterator[None]:
 
 # --- the trio bridge -------------------------------------------------------
 
-async def _wait_ready(fut: Any) -> None:
+async def _wait_ready(fut: Any, *, cancel_on_abort: bool = True) -> None:
     """Park the current task until FoundationDB future ``fut`` is ready.
 
     on_ready's callback runs on the network thread (or inline if the future
     is already ready); it must not block and its exceptions are dropped, so it
     only hands ``wake`` to trio's thread-safe FIFO entry queue.  ``wake`` must
     not raise either (it would become TrioInternalError), so it checks state.
-    A trio cancellation aborts the wait and cancels the future.
+
+    A trio cancellation aborts the wait. For a one-shot read the future is
+    then cancelled too (nobody else will ask for it). A watch or versionstamp
+    future (``cancel_on_abort=False``) is a standing object the caller still
+    holds: cancelling it because one wait was cancelled would turn the next
+    ``await`` of the same watch into operation_cancelled (1101), where the
+    embedded engine's ``Watch``/versionstamp (trio Events) stay live. Its
+    callback then fires later and finds nobody parked. (libfdb_c allows any
+    number of callbacks per future: ThreadSingleAssignmentVarBase's
+    callOrSetAsCallback adds a ThreadMultiCallback; flow/ThreadHelper.actor.h.)
     """
     if fut.is_ready():
         await trio.lowlevel.checkpoint()
@@ -173,15 +182,16 @@ async def _wait_ready(fut: Any) -> None:
 
     def abort(_raise_cancel: Any) -> trio.lowlevel.Abort:
         state["parked"] = False
-        fut.cancel()
+        if cancel_on_abort:
+            fut.cancel()
         return trio.lowlevel.Abort.SUCCEEDED
 
     fut.on_ready(on_ready)
     await trio.lowlevel.wait_task_rescheduled(abort)
 
 
-async def _result(fut: Any, getter: Callable[[Any], T]) -> T:
-    await _wait_ready(fut)
+async def _result(fut: Any, getter: Callable[[Any], T], *, cancel_on_abort: bool = True) -> T:
+    await _wait_ready(fut, cancel_on_abort=cancel_on_abort)
     with _mapped():
         return getter(fut)
 
@@ -314,7 +324,8 @@ class FDBWatch:
         return self._done or bool(self._fut.is_ready())
 
     async def wait(self) -> None:
-        await _result(self._fut, lambda f: f.wait())
+        # A cancelled wait leaves the watch armed (see _wait_ready); cancel() frees it.
+        await _result(self._fut, lambda f: f.wait(), cancel_on_abort=False)
         self._done = True
 
     def __await__(self):
@@ -331,7 +342,7 @@ class _Versionstamp:
         self._fut = fut
 
     def __await__(self):
-        return _result(self._fut, lambda f: bytes(f.value)).__await__()
+        return _result(self._fut, lambda f: bytes(f.value), cancel_on_abort=False).__await__()
 
 
 class FDBTransaction:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 
 import pytest
 import trio
+import trio.testing
 
 import kv
 from kv import fdb_backend
@@ -113,3 +115,160 @@ async def test_non_bytes_arguments_are_type_errors(db):
         tr.set(7, b"v")
     with pytest.raises(TypeError):
         await tr.get(5)
+
+
+
+async def test_a_cancelled_wait_leaves_the_watch_armed(db):
+    async def arm(tr):
+        await tr.get(b"watched")
+        return tr.watch(b"watched")
+
+    w = await db.transact(arm)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await w
+    assert scope.cancelled_caught and not w.ready
+
+    async def change(tr):
+        tr.set(b"watched", b"changed")
+
+    await db.transact(change)
+    with trio.fail_after(30):  # a hang guard: the watch must still fire
+        await w
+    assert w.ready
+
+# --- the future-to-trio bridge ----------------------------------------------
+#
+# libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:
+# the few operations the bridge calls on a FoundationDB future (is_ready,
+# on_ready, cancel, and reading the result once ready), behaving as api-c.rst
+# documents them: fdb_future_set_callback calls back inline when the future is
+# already ready, otherwise later on another thread (the network thread);
+# fdb_future_cancel makes a pending future fail with operation_cancelled (1101)
+# and fires its callbacks. It models no transaction or cluster behaviour; what
+# it cannot show is the ctypes trampoline and libfdb_c's real threads.
+
+
+class _FutureError(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class ContractFuture:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = False
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._callbacks: list = []
+        self.cancel_calls = 0
+
+    def is_ready(self) -> bool:
+        with self._lock:
+            return self._ready
+
+    def on_ready(self, callback) -> None:
+        with self._lock:
+            if not self._ready:
+                self._callbacks.append(callback)
+                return
+        callback(self)  # already ready: inline, in the caller's thread
+
+    def resolve(self, value: object = None, error: BaseException | None = None) -> None:
+        """Set the future (from whatever thread calls this) and fire its callbacks there."""
+        with self._lock:
+            if self._ready:
+                return
+            self._ready, self._value, self._error = True, value, error
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def resolve_from_thread(self, value: object = None) -> None:
+        t = threading.Thread(target=self.resolve, args=(value,), name="fake-network-thread")
+        t.start()
+        t.join()
+
+    def cancel(self) -> None:
+        self.cancel_calls += 1
+        self.resolve(error=_FutureError(1101))
+
+    def wait(self) -> object:
+        assert self._ready, "the bridge read a future that was not ready (that blocks the event loop)"
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    @property
+    def value(self) -> object:
+        return self.wait()
+
+
+async def test_bridge_parks_without_blocking_and_wakes_from_another_thread():
+    fut = ContractFuture()
+    got: list = []
+
+    async def reader():
+        got.append(await fdb_backend._result(fut, lambda f: f.wait()))
+
+    with trio.fail_after(10):  # a hang guard, not a timing assertion
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()  # the loop runs while the reader waits
+            assert got == [] and not fut.is_ready()
+            await trio.to_thread.run_sync(fut.resolve_from_thread, b"value")
+    assert got == [b"value"]
+
+
+async def test_bridge_survives_a_callback_made_inline_by_on_ready():
+    # The future becomes ready between is_ready() and on_ready(): libfdb_c then calls
+    # back inline, on the trio thread, before the task has parked.
+    class ReadyDuringRegistration(ContractFuture):
+        def is_ready(self) -> bool:
+            return False
+
+        def on_ready(self, callback) -> None:
+            self.resolve(b"late")
+            super().on_ready(callback)
+
+    fut = ReadyDuringRegistration()
+    with trio.fail_after(10):
+        assert await fdb_backend._result(fut, lambda f: f.wait()) == b"late"
+
+
+async def test_cancelled_read_cancels_its_future():
+    fut = ContractFuture()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await fdb_backend._result(fut, lambda f: f.wait())
+    assert scope.cancelled_caught
+    assert fut.cancel_calls == 1
+    fut.resolve(b"too late")  # a late answer finds nobody parked: no TrioInternalError
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_cancelled_wait_leaves_a_watch_armed():
+    fut = ContractFuture()
+    w = fdb_backend.FDBWatch(fut)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await w
+    assert scope.cancelled_caught
+    assert fut.cancel_calls == 0 and not w.ready  # still watching, as the embedded engine's Watch
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.wait)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.to_thread.run_sync(fut.resolve_from_thread, None)
+    assert w.ready
+    w.cancel()  # after it fired: harmless
+
+
+async def test_cancelled_wait_leaves_a_versionstamp_pending():
+    fut = ContractFuture()
+    stamp = fdb_backend._Versionstamp(fut)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await stamp
+    assert scope.cancelled_caught and fut.cancel_calls == 0
+    fut.resolve(b"\x00" * 9 + b"\x01")
+    assert await stamp == b"\x00" * 9 + b"\x01"

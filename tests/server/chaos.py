@@ -50,8 +50,9 @@ TOKEN = "chaos-token-0123456789"
 SSE = {"Accept": "text/event-stream"}
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled")
 SETTLED = ("completed", "failed", "cancelled")
-#: How a kill is timed. Every soak with two kills or more has the first two.
-KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere")
+#: How a kill is timed. Every soak with two kills or more has the first two. ``at_ready``: as soon
+#: as a restarted server answers /readyz, while it re-claims and recovers the runs the last kill cut.
+KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere", "at_ready")
 #: Longest wait for a kill's moment before killing anyway (mode recorded as ``<mode>:timeout``).
 TRIGGER_TIMEOUT = 6.0
 #: Seconds of work (range) a restarted server gets before the next kill, however late the plan runs.
@@ -88,10 +89,11 @@ class ChaosConfig:
     kill_every: float = 30.0
     conversations: int = 4
     clients: int = 3
-    followers: int = 4
+    followers: int = 6             # one per conversation from the start, the rest from an ack's cursor
     ticks: int = 3
     tick_seconds: float = 0.12
     lease_seconds: float = 3.0
+    segment_bytes: int = 128 << 10  # the log's segments: small, so the checkpointer runs during the soak
     max_outstanding: int = 3       # unsettled runs per client before it waits
     settle_timeout: float = 120.0
     progress: bool = False
@@ -121,7 +123,8 @@ class Server:
     async def start(self) -> None:
         env = {**os.environ, "SUREFOOT_TOKEN": TOKEN, "PYTHONPATH": str(ROOT),
                "SUREFOOT_TEST_TICKS": str(self.cfg.ticks), "SUREFOOT_TEST_TICK_SECONDS": str(self.cfg.tick_seconds),
-               "SUREFOOT_TEST_LEASE_SECONDS": str(self.cfg.lease_seconds), "SUREFOOT_TEST_EFFECTS_DETAIL": "1"}
+               "SUREFOOT_TEST_LEASE_SECONDS": str(self.cfg.lease_seconds), "SUREFOOT_TEST_EFFECTS_DETAIL": "1",
+               "SUREFOOT_TEST_SEGMENT_BYTES": str(self.cfg.segment_bytes)}
         with open(self.log, "ab") as log:
             log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
             log.flush()
@@ -341,7 +344,9 @@ class Driver:
         after = None
         if n >= len(self.convs) and self.ack_cursors[conv]:
             after = rng.choice(self.ack_cursors[conv])  # start mid-journal, from an ack's cursor
-        rec = {"conv": conv, "after": after, "ids": [], "connects": 0, "drops": 0, "behind": [], "refused": []}
+        rec = {"conv": conv, "after": after, "ids": [], "connects": 0, "drops": 0, "resumed": 0, "behind": [],
+               "refused": []}
+        cut = False  # the last connection dropped under us: the next frame is a resumption
         self.followers.append(rec)
         async with self.client(timeout=httpx.Timeout(10.0, read=30.0)) as c:
             while True:
@@ -356,10 +361,18 @@ class Driver:
                     with trio.CancelScope() as scope:
                         # quiesce() cancels it if the follower already is at the final tail (a quiet stream)
                         self.follower_scopes[n] = (rec, scope)
+                        got = len(rec["ids"])
                         await self.follow_once(c, rec, headers, rng)
                 except (httpx.TransportError, httpx.StreamError):
                     rec["drops"] += 1
+                    if cut and len(rec["ids"]) > got:
+                        rec["resumed"] += 1
+                    cut = True
                     await self.server.up.wait()
+                else:
+                    if cut and len(rec["ids"]) > got:
+                        rec["resumed"] += 1
+                        cut = False
                 await trio.sleep(rng.uniform(0, 0.05))
 
     async def follow_once(self, c: httpx.AsyncClient, rec: dict, headers: dict, rng: random.Random) -> None:
@@ -416,7 +429,10 @@ class Driver:
         for i, mode in enumerate(modes):
             # kills spread over the phase's wall time (restarts included), each after some work
             due = self.t0 + (i + 1) * gap + rng.uniform(-0.3, 0.3) * gap
-            await trio.sleep(max(due - time.monotonic(), rng.uniform(*MIN_WORK)))
+            if mode == "at_ready":
+                await trio.sleep(rng.uniform(0, 0.3))
+            else:
+                await trio.sleep(max(due - time.monotonic(), rng.uniform(*MIN_WORK)))
             how = mode
             with trio.move_on_after(TRIGGER_TIMEOUT) as scope:
                 if mode == "mid_tool":
@@ -664,9 +680,12 @@ def check(rec: dict) -> Report:
     for conv, rs in rec["conv_runs"].items():
         for r in rs:
             by_sub[r.get("submission_id")].add(r["run_id"])
+    known = {s["key"] for s in rec["submissions"]}
     for key, rids in by_sub.items():
         if len(rids) > 1:
             rep.add("one_run_per_key", f"submission {key} has runs {sorted(rids)}")
+        if key not in known:
+            rep.add("one_run_per_key", f"runs {sorted(rids)} for a submission nobody sent ({key})")
 
     # promise 1/2: a completed run's user message is in its transcript exactly once
     texts: dict[str, Counter] = {conv: Counter() for conv in transcripts}
@@ -796,6 +815,7 @@ def _stats(rec: dict, extra: dict) -> dict:
         "effects": len(rec.get("effects", [])),
         "events_followed": counts.get("events_followed", 0),
         "follower_connects": sum(f["connects"] for f in rec.get("followers", [])),
+        "follower_resumes": sum(f.get("resumed", 0) for f in rec.get("followers", [])),
         "journal_events": sum(len(j) for j in rec.get("journals", {}).values()),
         **extra,
     }
@@ -850,7 +870,8 @@ def summary(rep: Report) -> str:
              f"(already committed {s.get('lost_acks_already_committed')}), runs {s.get('runs')} "
              f"{s.get('run_status')}, cancels {s.get('cancels')}, conflicts {s.get('conflicts')}, "
              f"effects {s.get('effects')} (interrupted {s.get('interrupted_with_effect')}), "
-             f"events followed {s.get('events_followed')} over {s.get('follower_connects')} connects, "
+             f"events followed {s.get('events_followed')} over {s.get('follower_connects')} connects "
+             f"({s.get('follower_resumes')} resumed after a drop), "
              f"violations {len(rep.violations)}"]
     for v in rep.violations:
         lines.append(f"  VIOLATION {v}")
@@ -863,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
     p.add_argument("--kills", type=int, default=None, help="default: one per ~30 s")
     p.add_argument("--clients", type=int, default=3)
-    p.add_argument("--followers", type=int, default=4)
+    p.add_argument("--followers", type=int, default=6)
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--record", type=Path, default=None, help="write the record (JSON) here")
     p.add_argument("--workdir", type=Path, default=None, help="keep the data directory and server log here")

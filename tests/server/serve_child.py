@@ -15,6 +15,9 @@ test_server_process relies on):
 * ``SUREFOOT_TEST_LEASE_SECONDS`` — the runs' lease (the runtime's 10 s): after a SIGKILL
   nothing resumes until the dead process's leases lapse, so the chaos soak (chaos.py), which
   kills many times, shortens it.
+* ``SUREFOOT_TEST_SEGMENT_BYTES`` — the write-ahead log's segment size (8 MiB): small, the
+  checkpointer process empties sealed segments into LMDB every few seconds, so kills land
+  around its passes too.
 * ``SUREFOOT_TEST_EFFECTS_DETAIL=1`` — each effect line is ``KEY CALL_ID RUN_ID CONVERSATION``
   (space-separated) instead of the key alone, so a checker can find the call's result.
 """
@@ -37,6 +40,7 @@ from server.serve import serve_store  # noqa: E402
 TICKS = int(os.environ.get("SUREFOOT_TEST_TICKS", "4"))
 TICK_SECONDS = float(os.environ.get("SUREFOOT_TEST_TICK_SECONDS", "0.15"))
 LEASE_SECONDS = os.environ.get("SUREFOOT_TEST_LEASE_SECONDS")
+SEGMENT_BYTES = os.environ.get("SUREFOOT_TEST_SEGMENT_BYTES")
 EFFECTS_DETAIL = os.environ.get("SUREFOOT_TEST_EFFECTS_DETAIL") == "1"
 assert TICKS >= 1 and TICK_SECONDS >= 0
 
@@ -49,6 +53,11 @@ def main() -> int:
         import loop.store
 
         loop.store.DEFAULT_LEASE_SECONDS = float(LEASE_SECONDS)
+    if SEGMENT_BYTES:
+        # kv.open constructs the store with the default segment size (a keyword-only default).
+        import kv.lmdb_engine
+
+        kv.lmdb_engine.LmdbStore.__init__.__kwdefaults__["segment_bytes"] = int(SEGMENT_BYTES)
 
     def script(messages, tools):
         last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")

@@ -179,7 +179,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "blocks (default: the model's; omitted on Opus 4.7+)")
     g.add_argument("--interleaved-thinking", action="store_true", default=False,
                    help="Anthropic, with --thinking BUDGET: send the interleaved-thinking beta header (Claude 4 "
-                        "models think between tool calls; the budget may then reach --max-tokens)")
+                        "models think between tool calls; with tools the budget may then reach or pass --max-tokens)")
     g.add_argument("--max-tokens-param", choices=MAX_TOKENS_PARAMS, default=None,
                    help="OpenAI-compatible only: the request key the output cap goes under (default max_tokens, "
                         "what vLLM, llama.cpp and Ollama know; max_completion_tokens for OpenAI's reasoning "

@@ -358,6 +358,11 @@ class FDBTransaction:
         # used_during_commit; libfdb_c reports it for writes only at the next read
         # or commit, so writes check it here to raise at once like the embedded engine.
         self._commit_started = False
+        # Set once commit() succeeded, until reset/on_error: get_committed_version
+        # is only defined then (api-c.rst: "fdb_transaction_commit() must have been
+        # called ... and the resulting future must be ready and not an error ... or
+        # the behavior is undefined"; in practice it returns -1, the read-only answer).
+        self._committed = False
 
     def _writable(self) -> None:
         owner = self if not self._is_snapshot else None
@@ -526,6 +531,13 @@ class FDBTransaction:
             return _Versionstamp(self._tr.get_versionstamp())
 
     def get_committed_version(self) -> int:
+        """The commit's version (-1 for a read-only commit); KVError 2000 before a
+        successful commit, as on the embedded engine (kv/transaction.py), which
+        callers rely on to tell "committed" from "not yet" (sessions/coalesce.py
+        ``_settle_inflight``). libfdb_c would answer -1 there, indistinguishable
+        from a committed read-only transaction."""
+        if not self._committed:
+            raise KVError(_CLIENT_INVALID_OPERATION, "transaction has not committed")
         with _mapped():
             return int(self._tr.get_committed_version())
 
@@ -548,6 +560,7 @@ class FDBTransaction:
                 await _wait_ready(fut)
                 with _mapped():
                     fut.wait()
+                self._committed = True
             except KVError as e:
                 if e.code in (_TRANSACTION_CANCELLED, _OPERATION_CANCELLED):
                     raise KVError(_COMMIT_UNKNOWN_RESULT, "commit interrupted; it may have committed") from e
@@ -563,12 +576,12 @@ class FDBTransaction:
         with _mapped():
             fut = self._tr.on_error(error.code)
         await _result(fut, lambda f: f.wait())
-        self._commit_started = False  # on_error reset the transaction
+        self._commit_started = self._committed = False  # on_error reset the transaction
 
     def reset(self) -> None:
         with _mapped():
             self._tr.reset()
-        self._commit_started = False
+        self._commit_started = self._committed = False
 
     def cancel(self) -> None:
         with _mapped():

@@ -137,6 +137,24 @@ async def test_a_cancelled_wait_leaves_the_watch_armed(db):
         await w
     assert w.ready
 
+
+async def test_committed_version_only_after_a_successful_commit(db):
+    # sessions/coalesce.py tells "committed" from "not yet" by this raising; libfdb_c
+    # answers -1 before a commit, the same as for a committed read-only transaction.
+    tr = db.create_transaction()
+    with pytest.raises(kv.KVError) as info:
+        tr.get_committed_version()
+    assert info.value.code == 2000
+    tr.set(b"cv", b"1")
+    await tr.commit()
+    assert tr.get_committed_version() > 0
+    tr.reset()
+    with pytest.raises(kv.KVError):
+        tr.get_committed_version()
+    await tr.get(b"cv")
+    await tr.commit()
+    assert tr.get_committed_version() == -1  # read-only
+
 # --- the future-to-trio bridge ----------------------------------------------
 #
 # libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:

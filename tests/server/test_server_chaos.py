@@ -40,7 +40,6 @@ def test_repeated_sigkill_keeps_every_promise(soaks, seed):
     # the soak did real work and checked it: runs settled, effects and followed events exist
     assert rep.stats["acks"] >= 5 and rep.stats["runs"] == rep.stats["acks"]
     assert rep.stats["effects"] > 0 and rep.stats["events_followed"] > 0
-    assert rep.stats["conflicts"] + rep.stats["resends"] + rep.stats["cancels"] > 0
 
 
 def test_the_kills_landed_mid_work(soaks):
@@ -52,7 +51,9 @@ def test_the_kills_landed_mid_work(soaks):
     assert sum(s["lost_acks_retried"] for s in stats) >= 1, stats
     # followers were cut by the kills and resumed from their Last-Event-ID (checked gapless above)
     assert all(s["follower_resumes"] >= 1 for s in stats), stats
-    # and some started mid-journal, from an acknowledgement's cursor
+    # the clients re-sent acknowledged keys, reused keys with other bodies, cancelled runs
+    assert sum(s["resends"] + s["conflicts"] + s["cancels"] for s in stats) > 0, stats
+    # and some followers started mid-journal, from an acknowledgement's cursor
     assert any(f["after"] for rec, _ in soaks.values() for f in rec["followers"])
 
 
@@ -60,12 +61,15 @@ def test_the_kills_landed_mid_work(soaks):
 
 
 def _interrupted(rec: dict) -> tuple[str, int, int]:
+    """An `interrupted` result of a call whose effect is recorded (a kill can also land between a
+    call being marked started and its tool's first line: interrupted, with no effect)."""
+    ran = {(e[3], e[1]) for e in rec["effects"]}
     for conv, msgs in rec["transcripts"].items():
         for i, m in enumerate(msgs):
             for j, p in enumerate(m.get("content") or []):
-                if p.get("type") == "tool_result" and p.get("reason") == "interrupted":
+                if p.get("type") == "tool_result" and p.get("reason") == "interrupted" and (conv, p["call_id"]) in ran:
                     return conv, i, j
-    raise AssertionError("no interrupted result in the record")
+    raise AssertionError("no interrupted result with a recorded effect in the record")
 
 
 def dup_effect(rec: dict) -> None:
@@ -202,7 +206,8 @@ BITES: list[tuple[Callable[[dict], None], str]] = [
 
 @pytest.mark.parametrize("corrupt,expected", BITES, ids=[f"{f.__name__}-{v}" for f, v in BITES])
 def test_the_checker_bites(soaks, corrupt, expected):
-    rec, rep = soaks[SEEDS[0]]
+    # the record richest in recovered calls (each seed's mid_tool kill almost always leaves some)
+    rec, _ = max(soaks.values(), key=lambda r: r[1].stats["interrupted_with_effect"])
     assert not check(rec).violations  # the pristine record passes (re-checked: check() is pure)
     bad = copy.deepcopy(rec)
     corrupt(bad)

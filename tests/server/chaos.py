@@ -28,11 +28,11 @@ The record is plain JSON (``--record``), so the checker can be run, and bitten, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +46,12 @@ import trio
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+for _p in (str(HERE), str(ROOT)):  # run as a script: the helpers beside it, the packages they import
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from server_helpers import free_port, parse_sse
+
 TOKEN = "chaos-token-0123456789"
 SSE = {"Accept": "text/event-stream"}
 TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled")
@@ -112,10 +118,10 @@ class Server:
         self.data = workdir / "data"
         self.effects = workdir / "effects.txt"
         self.effects.touch()
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = cfg
-        self.proc: subprocess.Popen | None = None
+        self.proc: trio.Process | None = None
         self.starts = 0
         self.log = workdir / "server.log"
         self.up = trio.Event()  # set while the server answers; replaced at each kill
@@ -125,10 +131,10 @@ class Server:
                "SUREFOOT_TEST_TICKS": str(self.cfg.ticks), "SUREFOOT_TEST_TICK_SECONDS": str(self.cfg.tick_seconds),
                "SUREFOOT_TEST_LEASE_SECONDS": str(self.cfg.lease_seconds), "SUREFOOT_TEST_EFFECTS_DETAIL": "1",
                "SUREFOOT_TEST_SEGMENT_BYTES": str(self.cfg.segment_bytes)}
-        with open(self.log, "ab") as log:
+        with open(self.log, "ab") as log:  # noqa: ASYNC230 — a local file, written once per start
             log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(
+            self.proc = await trio.lowlevel.open_process(
                 [sys.executable, str(HERE / "serve_child.py"), str(self.data), str(self.port), str(self.effects)],
                 env=env, stdout=log, stderr=log)
         self.starts += 1
@@ -152,8 +158,7 @@ class Server:
 
     async def wait_dead(self) -> None:
         assert self.proc is not None
-        while self.proc.poll() is None:
-            await trio.sleep(0.01)
+        await self.proc.wait()
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -162,11 +167,12 @@ class Server:
                 await self.wait_dead()
             if self.proc.poll() is None:
                 self.proc.kill()
-                await self.wait_dead()
+                with trio.CancelScope(shield=True):
+                    await self.wait_dead()
 
-    def effect_count(self) -> int:
-        with open(self.effects, "rb") as f:
-            return f.read().count(b"\n")
+    def effects_size(self) -> int:
+        """Bytes in the effects file: it grows by one line per tool execution."""
+        return self.effects.stat().st_size
 
     def log_tail(self, n: int = 2_000) -> str:
         try:
@@ -177,30 +183,6 @@ class Server:
 
 class ServerFailed(Exception):
     pass
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _parse_sse(buf: str) -> tuple[list[dict], str]:
-    """Complete SSE frames in ``buf`` -> (frames as {id, event, data, comment}, the incomplete rest)."""
-    frames = []
-    while "\n\n" in buf:
-        raw, buf = buf.split("\n\n", 1)
-        f: dict = {}
-        for line in raw.split("\n"):
-            if line.startswith(":"):
-                f["comment"] = line[1:].strip()
-            elif ":" in line:
-                k, _, v = line.partition(":")
-                f[k] = v[1:] if v.startswith(" ") else v
-        frames.append(f)
-    return frames, buf
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -386,7 +368,7 @@ class Driver:
                 return
             buf = ""
             async for chunk in r.aiter_text():
-                frames, buf = _parse_sse(buf + chunk)
+                frames, buf = parse_sse(buf + chunk)
                 for f in frames:
                     if f.get("event") == "cursor.behind":
                         rec["behind"].append(f.get("data"))
@@ -436,8 +418,8 @@ class Driver:
             how = mode
             with trio.move_on_after(TRIGGER_TIMEOUT) as scope:
                 if mode == "mid_tool":
-                    base = self.server.effect_count()
-                    while self.server.effect_count() <= base:
+                    base = self.server.effects_size()
+                    while self.server.effects_size() <= base:
                         await trio.sleep(0.005)
                     await trio.sleep(rng.uniform(0, 0.6 * self.cfg.tick_seconds))
                 elif mode == "after_submit":
@@ -595,7 +577,7 @@ class Driver:
                 acks = sum(1 for s in self.subs.values() if s["acks"])
                 status.update(f"seed {self.cfg.seed} {time.monotonic() - self.t0:6.1f}s  kills {len(self.kills)}/"
                               f"{self.cfg.planned_kills()}  submits {len(self.subs)}  acks {acks}  "
-                              f"retries {self.counts['retries']}  effects {self.server.effect_count()}  "
+                              f"retries {self.counts['retries']}  effects {len(self.server.effects.read_bytes().splitlines())}  "
                               f"events followed {self.counts['events_followed']}")
                 await trio.sleep(0.5)
 
@@ -752,7 +734,7 @@ def check(rec: dict) -> Report:
     terminal: dict[str, list[str]] = defaultdict(list)
     for conv, evs in journals.items():
         cursors = [e["cursor"] for e in evs]
-        for a, b in zip(cursors, cursors[1:]):
+        for a, b in itertools.pairwise(cursors):
             if not a < b:
                 rep.add("journal_order", f"{conv}: {a} then {b}")
         for e in evs:
@@ -864,15 +846,16 @@ def command(cfg: ChaosConfig) -> str:
 
 def summary(rep: Report) -> str:
     s = rep.stats
-    lines = [f"chaos seed {rep.seed}: {s.get('seconds')} s, kills {s.get('kills')} {s.get('kill_modes')}, "
-             f"submits {s.get('submits')} (sends {s.get('sends')}, retries {s.get('retries')}), "
-             f"acks {s.get('acks')}, lost acks retried {s.get('lost_acks_retried')} "
-             f"(already committed {s.get('lost_acks_already_committed')}), runs {s.get('runs')} "
-             f"{s.get('run_status')}, cancels {s.get('cancels')}, conflicts {s.get('conflicts')}, "
-             f"effects {s.get('effects')} (interrupted {s.get('interrupted_with_effect')}), "
-             f"events followed {s.get('events_followed')} over {s.get('follower_connects')} connects "
-             f"({s.get('follower_resumes')} resumed after a drop), "
-             f"violations {len(rep.violations)}"]
+    head = (f"chaos seed {rep.seed}: {s.get('seconds')} s, kills {s.get('kills')} {s.get('kill_modes')}, "
+            f"submits {s.get('submits')} (sends {s.get('sends')}, retries {s.get('retries')}), "
+            f"acks {s.get('acks')}, lost acks retried {s.get('lost_acks_retried')} "
+            f"(already committed {s.get('lost_acks_already_committed')}), runs {s.get('runs')} "
+            f"{s.get('run_status')}, cancels {s.get('cancels')}, conflicts {s.get('conflicts')}, "
+            f"effects {s.get('effects')} (interrupted {s.get('interrupted_with_effect')}), "
+            f"events followed {s.get('events_followed')} over {s.get('follower_connects')} connects "
+            f"({s.get('follower_resumes')} resumed after a drop), "
+            f"violations {len(rep.violations)}")
+    lines = [head]
     for v in rep.violations:
         lines.append(f"  VIOLATION {v}")
     return "\n".join(lines)

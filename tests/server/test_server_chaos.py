@@ -7,10 +7,10 @@ A long soak is `python tests/server/chaos.py --seconds 900 --seed N` (README, te
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-
 from chaos import VIOLATIONS, ChaosConfig, check, command, soak_many, summary
 
 SEEDS = (11, 12)

@@ -523,8 +523,13 @@ class FDBTransaction:
 
     # -- lifecycle --
     def watch(self, key: bytes) -> FDBWatch:
+        # ReadYourWritesTransaction::watch returns used_during_commit,
+        # key_outside_legal_range and key_too_large as the watch future's error, so
+        # they surfaced only at ``await w``; the embedded engine raises them here.
+        self._writable()
+        key = _check_key(key, for_write=True)
         with _mapped():
-            return FDBWatch(self._tr.watch(_bytes(key)))
+            return FDBWatch(self._tr.watch(key))
 
     def get_versionstamp(self) -> _Versionstamp:
         with _mapped():
@@ -568,9 +573,12 @@ class FDBTransaction:
             except (trio.Cancelled, KeyboardInterrupt, trio.RunFinishedError) as e:  # pragma: no cover - defensive
                 raise KVError(_COMMIT_UNKNOWN_RESULT, "commit interrupted; it may have committed") from e
 
-    async def on_error(self, error: BaseException) -> None:
+    async def on_error(self, error: BaseException | int) -> None:
         """FoundationDB's on_error: sleeps the backoff and resets for retryable
-        errors, re-raises the others (as KVError)."""
+        errors, re-raises the others (as KVError). ``error`` may be an error code,
+        as for the embedded engine and fdb's own ``Transaction.on_error``."""
+        if isinstance(error, int) and not isinstance(error, bool):
+            error = KVError(error)
         if not isinstance(error, KVError):
             raise error
         with _mapped():

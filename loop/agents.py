@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
+from .compaction import tools_schema_chars
 from .errors import ToolSchemaError
 from .providers.base import Provider, ToolSpec
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
@@ -315,6 +316,11 @@ class Agent:
             raise ValueError(f"agent {self.name}: duplicate tool names {sorted(dup)}")
         assert self.max_model_calls > 0 and self.keep_recent >= 1
         self._by_name = {t.name: t for t in self.tools}
+        # The specs every model call sends, built once (like ``_by_name``, from the tools as
+        # they were at construction), and the size of their JSON, measured on first use: the
+        # input estimate behind usage ceilings counts it on every reserved call.
+        self._specs = tuple(t.spec() for t in self.tools)  # type: ignore[union-attr]
+        self._schema_chars: int | None = None
         if self.hooks is None:
             self.hooks = Hooks()
 
@@ -322,4 +328,17 @@ class Agent:
         return self._by_name.get(name)
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [t.spec() for t in self.tools]  # type: ignore[union-attr]
+        """The tool definitions a model call sends (a new list; the specs are shared)."""
+        return list(self._specs)
+
+    def tool_schema_chars(self, specs: Sequence[ToolSpec] | None = None) -> int:
+        """Characters of the JSON of the tool definitions a call sends
+        (:func:`loop.compaction.tools_schema_chars`): of this agent's own, computed once; of
+        ``specs`` when a ``before_model_call`` hook changed them for one call (the same
+        spec objects in the same order are this agent's own: the cached figure)."""
+        own = self._specs
+        if specs is not None and not (len(specs) == len(own) and all(a is b for a, b in zip(specs, own))):
+            return tools_schema_chars(specs)
+        if self._schema_chars is None:
+            self._schema_chars = tools_schema_chars(own)
+        return self._schema_chars

@@ -59,7 +59,7 @@ from .errors import (
 )
 from .keyspace import CALL_APPROVAL, CALL_APPROVED, CALL_DENIED, CALL_DONE, CALL_STARTED, LoopState
 from .pricing import FREE, TOKENS_PER_PRICE_UNIT, cost_micros, estimate_cost_micros, model_label
-from .providers.base import STOP_MAX_TOKENS, capped_call_options, output_cap
+from .providers.base import STOP_MAX_TOKENS, ToolSpec, capped_call_options, output_cap
 from .schema import validate
 from .store import MAX_CALL_ID_BATCH
 from .stream import FLUSH_INTERVAL, PartCoalescer
@@ -658,14 +658,16 @@ class Runner:
         context = model_context(self.messages, self.base)
         specs = agent.tool_specs()
         if agent.compact_at_tokens is not None:
-            est = estimate_context_tokens(agent.instructions, context)
+            # (the agent's own tool definitions: a hook's changes are not known yet)
+            est = estimate_context_tokens(agent.instructions, context, agent.tool_schema_chars(),
+                                          prior_reasoning=self._prior_reasoning())
             if est > agent.compact_at_tokens and choose_cut(self.messages, agent.keep_recent, self.base) is not None:
                 await self._compact("threshold")
                 context = model_context(self.messages, self.base)
         info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
         if agent.hooks is not None and agent.hooks.before_model_call is not None:
             await Hooks.call(agent.hooks.before_model_call, info)
-        plan = await self._reserve(info.system, info.messages)
+        plan = await self._reserve(info.system, info.messages, tools=info.tools)
         coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
         msg: dict[str, Any] | None = None
         error: ProviderError | None = None
@@ -897,7 +899,17 @@ class Runner:
         cost = cost_micros(self._bill, usage)
         return {**usage, "cost_micros": cost} if cost else usage
 
-    async def _reserve(self, system: str, messages: list[dict[str, Any]], *, during: str | None = None) -> _CallPlan:
+    def _prior_reasoning(self) -> bool:
+        """Whether earlier turns' reasoning is billed as input (``estimate_context_tokens``'s
+        ``prior_reasoning``): yes, unless the provider says its model strips it
+        (``strips_prior_thinking``, an optional attribute). Anthropic's models differ ("keep
+        all prior turns": Opus 4.5+, Sonnet 4.6+; "keep the last turn only": older ones and
+        Haiku through 4.5) and the runtime keeps no model table, so a provider that does not
+        say is taken to keep them all: the over-estimate, never the under-estimate."""
+        return not getattr(self.provider, "strips_prior_thinking", False)
+
+    async def _reserve(self, system: str, messages: list[dict[str, Any]], *, tools: Sequence[ToolSpec] = (),
+                       during: str | None = None) -> _CallPlan:
         """The pre-flight reserve of a model call against the run's usage ceilings, and how
         the call is sent; a refusal fails the run (``_fail`` raises RunStopped). Only a run
         with ceilings needs the estimate and the read.
@@ -922,7 +934,10 @@ class Runner:
         if not limits:
             return _CallPlan(agent_mt)
         price = self.price
-        input_est = estimate_context_tokens(system, messages)
+        # The tool definitions the call sends are input too: the agent's own measured once
+        # (Agent.tool_schema_chars), a hook's replacement measured for this call.
+        schema_chars = self.agent.tool_schema_chars(tools) if tools else 0
+        input_est = estimate_context_tokens(system, messages, schema_chars, prior_reasoning=self._prior_reasoning())
         estimate = {"input_tokens": input_est, "output_tokens": 0}
         if limits.get("max_cost_micros") is not None and price is not None:
             estimate["cost_micros"] = estimate_cost_micros(price, input_est, 0)

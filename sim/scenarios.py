@@ -624,12 +624,13 @@ class CostCeiling(RuntimeScenario):
     description = ("a priced model: a run that would loop forever is stopped by its cost ceiling, "
                    "a tool turn beside it is billed")
     pricing = SIM_PRICING
-    # (Four steps are sent as configured; the fifth is clamped to the room left and cut inside its
-    # tool call's arguments, so the loop's cut-answer path runs too; at 2,000 the fifth was
-    # refused unsent instead.)
+    # (The spending run's last step is clamped to the room left and cut inside its tool call's
+    # arguments, so the loop's cut-answer path runs too; at 2,000 that step was refused unsent
+    # instead. 2,480 did it until the estimate counted the tool schema as input, which leaves the
+    # clamp too little room to reach the call.)
 
     def make_turns(self) -> list[Turn]:
-        return [Turn("c1", "spend", "s1", limits={"max_cost_micros": 2_480}, expect_error="usage_limit"),
+        return [Turn("c1", "spend", "s1", limits={"max_cost_micros": 2_600}, expect_error="usage_limit"),
                 Turn("c2", "tool", "s2", delay=0.01)]
 
 

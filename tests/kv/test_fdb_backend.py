@@ -155,6 +155,28 @@ async def test_committed_version_only_after_a_successful_commit(db):
     await tr.commit()
     assert tr.get_committed_version() == -1  # read-only
 
+
+async def test_on_error_takes_an_error_code(db):
+    tr = db.create_transaction()
+    tr.set(b"oe", b"1")
+    await tr.on_error(1020)  # retryable: backs off and resets
+    assert await tr.get(b"oe") is None
+    with pytest.raises(kv.KVError) as info:
+        await tr.on_error(2004)  # not retryable: raised
+    assert info.value.code == 2004
+
+
+async def test_watch_argument_errors_raise_at_the_call(db):
+    tr = db.create_transaction()
+    with pytest.raises(kv.KVError) as info:
+        tr.watch(b"\xff\x01")
+    assert info.value.code == 2004
+    tr.set(b"w", b"1")
+    await tr.commit()
+    with pytest.raises(kv.KVError) as info:
+        tr.watch(b"w")
+    assert info.value.code == 2017
+
 # --- the future-to-trio bridge ----------------------------------------------
 #
 # libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:

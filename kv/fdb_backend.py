@@ -363,6 +363,10 @@ class FDBTransaction:
         # called ... and the resulting future must be ready and not an error ... or
         # the behavior is undefined"; in practice it returns -1, the read-only answer).
         self._committed = False
+        # One versionstamp future per attempt, as the embedded engine hands out one
+        # _Deferred until reset: sessions/journal.py recognises an attempt by it (a
+        # new object per call cost every journal emit an extra snapshot read).
+        self._stamp: _Versionstamp | None = None
 
     def _writable(self) -> None:
         owner = self if not self._is_snapshot else None
@@ -532,8 +536,12 @@ class FDBTransaction:
             return FDBWatch(self._tr.watch(key))
 
     def get_versionstamp(self) -> _Versionstamp:
-        with _mapped():
-            return _Versionstamp(self._tr.get_versionstamp())
+        """Awaitable 10-byte versionstamp, ready after commit; the same object
+        until reset()/on_error() starts a new attempt."""
+        if self._stamp is None:
+            with _mapped():
+                self._stamp = _Versionstamp(self._tr.get_versionstamp())
+        return self._stamp
 
     def get_committed_version(self) -> int:
         """The commit's version (-1 for a read-only commit); KVError 2000 before a
@@ -585,11 +593,13 @@ class FDBTransaction:
             fut = self._tr.on_error(error.code)
         await _result(fut, lambda f: f.wait())
         self._commit_started = self._committed = False  # on_error reset the transaction
+        self._stamp = None
 
     def reset(self) -> None:
         with _mapped():
             self._tr.reset()
         self._commit_started = self._committed = False
+        self._stamp = None
 
     def cancel(self) -> None:
         with _mapped():

@@ -177,6 +177,22 @@ async def test_watch_argument_errors_raise_at_the_call(db):
         tr.watch(b"w")
     assert info.value.code == 2017
 
+
+async def test_one_versionstamp_per_attempt(db):
+    # sessions/journal.py recognises a transaction attempt by its versionstamp object.
+    tr = db.create_transaction()
+    first = tr.get_versionstamp()
+    assert tr.get_versionstamp() is first
+    tr.reset()
+    second = tr.get_versionstamp()
+    assert second is not first
+    await tr.on_error(1020)
+    third = tr.get_versionstamp()
+    assert third is not second
+    tr.set_versionstamped_value(b"vs", b"\x00" * 10 + (0).to_bytes(4, "little"))
+    await tr.commit()
+    assert len(await tr.get_versionstamp()) == 10 and await third == await tr.get_versionstamp()
+
 # --- the future-to-trio bridge ----------------------------------------------
 #
 # libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:

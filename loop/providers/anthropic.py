@@ -21,7 +21,10 @@ interleaved, below).  With tools, the next request must carry that assistant tur
 blocks (``data``) where they were in its content (first, without interleaving), or the
 API answers 400; :func:`to_anthropic_messages` does so from the
 ``thinking`` / ``redacted_thinking`` parts the loop persisted (loop.providers.base).
-Earlier turns' thinking may be sent too: the API strips it from the context itself.
+Earlier turns' thinking is sent too. What the API does with it depends on the model
+(https://platform.claude.com/docs/en/build-with-claude/extended-thinking): models that keep
+all prior turns (Opus 4.5+, Sonnet 4.6+) keep it in context and bill it as input; older
+ones strip it. The usage-ceiling estimate counts it (loop.compaction.estimate_context_tokens).
 A call the loop clamps under a usage ceiling to a ``max_tokens`` at or below the budget
 is sent with the budget lowered to ``max_tokens - 1`` for that call
 (:meth:`AnthropicProvider.capped_call_options`): thinking stays on, as a tool-use turn

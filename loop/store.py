@@ -200,8 +200,10 @@ class Store:
 
     def note_call_ids(self, tr: Any, owner: str, conv: str, call_ids: set[str]) -> None:
         """In the caller's (the compaction's) transaction: these ids now lie before the mark.
-        Blind sets of empty values: idempotent."""
-        for c in call_ids:
+        Blind sets of empty values: idempotent. (Sorted: a set of strings iterates in an order
+        that depends on PYTHONHASHSEED, and the simulator's trace hashes a commit's writes in
+        order, so the same seed must write them in the same order.)"""
+        for c in sorted(call_ids):
             tr.set(self.loop_keys.call_id_used(owner, conv, c), b"")
 
     async def note_call_ids_now(self, owner: str, conv: str, call_ids: set[str]) -> None:

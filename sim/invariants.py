@@ -30,8 +30,9 @@ usage_once_per_step            10       one usage record per (run, step), journa
 usage_total_is_sum             10       a run's totals (tokens, cost) == the sum of its steps' records
 cost_matches_price             10       a step's cost_micros == its price applied to its tokens
 usage_within_ceiling           10       a run's tokens and cost never pass its ceilings
-thinking_first_once            2        an answer's reasoning parts come first, as streamed, once
-thinking_passed_back           2        the next request carries a turn's reasoning first, unmodified
+thinking_in_place_once         2        an answer's reasoning parts where they streamed, once
+thinking_journaled_in_place    9        streamed reasoning journaled as parts at its stream position
+thinking_passed_back           2        the tool loop's reasoning sent back unmodified, in place
 fork_is_prefix                 2        a fork holds exactly the parent's first N messages
 kv_serializable                (kv)     the oracle replays the history (sim.oracle)
 no_unexpected_exception        -        the runtime never died of its own accord
@@ -61,7 +62,7 @@ INVARIANTS: dict[str, int | None] = {
     "tool_result_matches_effect": 3, "no_stale_lease_writes": 5, "one_active_per_conversation": 6,
     "fifo_per_conversation": 6, "cancel_is_durable": 7, "journal_ordered": 9,
     "journal_replay_equals_live": 9, "journal_matches_state": 9, "usage_once_per_step": 10, "usage_total_is_sum": 10, "cost_matches_price": 10, "usage_within_ceiling": 10,
-    "thinking_first_once": 2, "thinking_passed_back": 2, "fork_is_prefix": 2,
+    "thinking_in_place_once": 2, "thinking_journaled_in_place": 9, "thinking_passed_back": 2, "fork_is_prefix": 2,
     "kv_serializable": None, "no_unexpected_exception": None, "quiescence": 4,
 }
 
@@ -159,6 +160,8 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         events = await journal_of(conv)
         _check_transcript(checker, conv, msgs, world.effects)
         _check_reasoning(checker, sc, conv, msgs, runs_by_conv.get(conv, []))
+        if sc._reasoning_steps is not None:
+            _check_reasoning_journal(checker, sc, conv, events)
         _check_journal(checker, conv, events, sc.followed.get(conv))
         _check_usage_journaled(checker, conv, events, usage_of, sc.journal_retention is not None)
         trimmed = sc.journal_retention is not None  # older events may be gone: check what is retained
@@ -166,7 +169,7 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         _check_journal_matches_state(checker, conv, events, runs_by_conv.get(conv, []), trimmed)
 
     for refusal in sc.thinking_refused:
-        expect(False, "thinking_passed_back", 2, f"the model was sent a reasoning turn without its reasoning first: {refusal}")
+        expect(False, "thinking_passed_back", 2, f"the model was sent reasoning modified, moved or dropped: {refusal}")
 
     # ---- fork
     for parent, fork, at in sc.forks:
@@ -236,54 +239,121 @@ def _check_usage_journaled(checker: "Checker", conv: str, events: list[Any],
 
 def _check_reasoning(checker: "Checker", sc: "RuntimeScenario", conv: str, msgs: list[dict[str, Any]],
                      runs: list[Any]) -> None:
-    """Reasoning (extended thinking) in the transcript: every assistant message holds exactly the
-    reasoning its model call streamed (thinking text, signature, redacted data unmodified), before
-    its text and tool calls; each ``think`` step's answer is persisted at most once, and a completed
-    ``think`` run holds both of its steps (a resumed run neither repeats nor drops one) — unless a
-    compaction (a provider overflow in random mode) summarised the turn, after which the scripted
-    model no longer sees the turn's text and answers the summary instead."""
-    from .scenarios import reasoning_parts, think_blocks, think_reply_text
+    """``thinking_in_place_once`` (promise 2): reasoning (extended thinking, interleaved or not) in
+    the transcript.  Every assistant message holds exactly the content its model call streamed, in
+    stream order: each reasoning part (thinking text, signature, redacted data unmodified) at the
+    position it streamed among the text and tool calls — first, or between them — none dropped,
+    none repeated, none in an answer that streamed none.  Each reasoning step's answer is persisted
+    at most once, and a completed run holds every one of its steps (a resumed run neither repeats
+    nor drops one) — unless a compaction (a provider overflow in random mode) summarised the turn,
+    after which the scripted model no longer sees the turn's text and answers the summary."""
+    from .scenarios import part_shape
 
     expect = checker.expect
-    expected: dict[str, list[dict[str, Any]]] = {}  # answer text -> its reasoning parts
+    steps = sc.reasoning_steps() if sc._reasoning_steps is not None else {}
+    expected = {said: shape for said, (turn_text, shape) in steps.items()
+                if any(t.text == turn_text and t.conversation == conv for t in sc.turns)}
+    if not expected and not any(p.get("type") in _REASONING for m in msgs if m.get("role") == "assistant"
+                                and isinstance(m.get("content"), list) for p in m["content"]):
+        return  # (the common case: no reasoning anywhere)
     completed: list[str] = []
     status = {i.run_id: i.status for i in runs}
     for t in sc.turns:
-        if t.mode == "think" and t.conversation == conv:
-            for step in (0, 1):
-                expected[think_reply_text(t.text, step)] = reasoning_parts(think_blocks(t.text, step))
-            if status.get(sc.run_of.get(t.submission_id, "")) == "completed":
-                completed += [think_reply_text(t.text, 0), think_reply_text(t.text, 1)]
-    if not expected and not any(p.get("type") in _REASONING for m in msgs if m.get("role") == "assistant"
-                                for p in m.get("content") or () if isinstance(m.get("content"), list)):
-        return  # (the common case: no reasoning anywhere)
+        if t.conversation == conv and status.get(sc.run_of.get(t.submission_id, "")) == "completed":
+            completed += [said for said, (turn_text, _) in steps.items() if turn_text == t.text]
     persisted: dict[str, int] = {}
     for i, m in enumerate(msgs):
         if m.get("role") != "assistant" or not isinstance(m.get("content"), list):
             continue
         parts = m["content"]
-        reasoning = [p for p in parts if p.get("type") in _REASONING]
-        lead = parts[: len(reasoning)]
         text = M.text_of(m)
-        want = expected.get(text, [])
         if text in expected:
             persisted[text] = persisted.get(text, 0) + 1
-        expect(lead == reasoning, "thinking_first_once", 2,
-               f"{conv}: message {i} has reasoning after its text or tool calls: {[p.get('type') for p in parts]}")
-        expect(reasoning == want, "thinking_first_once", 2,
-               f"{conv}: message {i} ({text!r}) carries reasoning {_describe_parts(reasoning)}, "
-               f"its model call streamed {_describe_parts(want)}")
+            got = [part_shape(p) for p in parts]
+            expect(got == expected[text], "thinking_in_place_once", 2,
+                   f"{conv}: message {i} ({text!r}) holds {_describe_parts(got)}, "
+                   f"its model call streamed {_describe_parts(expected[text])}")
+        else:
+            reasoning = [p for p in parts if p.get("type") in _REASONING]
+            expect(not reasoning, "thinking_in_place_once", 2,
+                   f"{conv}: message {i} ({text!r}) carries reasoning {_describe_parts(reasoning)}, "
+                   f"its model call streamed none")
     for text, n in sorted(persisted.items()):
-        expect(n == 1, "thinking_first_once", 2, f"{conv}: the reasoning answer {text!r} was persisted {n} times")
+        expect(n == 1, "thinking_in_place_once", 2, f"{conv}: the reasoning answer {text!r} was persisted {n} times")
     if any(m.get("role") == "compaction" for m in msgs):
         completed = []  # a summary replaced the turn's text: the script then answers from the summary
     for text in completed:
-        expect(text in persisted, "thinking_first_once", 2,
+        expect(text in persisted, "thinking_in_place_once", 2,
                f"{conv}: a completed reasoning run lacks its answer {text!r} (and its reasoning)")
 
 
+def _check_reasoning_journal(checker: "Checker", sc: "RuntimeScenario", conv: str, events: list[Any]) -> None:
+    """``thinking_journaled_in_place`` (promise 9, for reasoning): a model call's stream is journaled
+    as parts numbered in stream order, so a client following the journal sees the reasoning where
+    it streamed — before, between or after the text and tool calls.  For each (run, model call),
+    ``part.added`` numbers run 0, 1, 2... (a call streamed again after a crash starts again at 0);
+    every streamed sequence holding reasoning is a prefix of one of the turn's reasoning steps,
+    part by part: the same kind at the same number (a redacted block too, as a bare part), each
+    thinking part's text a prefix of the block's (the whole block once a later part streamed), a
+    text part likewise, a tool call by name.  (Not checked when retention trims the journal.)"""
+    if sc.journal_retention is not None:
+        return
+    steps = sc.reasoning_steps() if sc._reasoning_steps is not None else {}
+    shapes = [shape for said, (turn_text, shape) in steps.items()
+              if any(t.text == turn_text and t.conversation == conv for t in sc.turns)]
+    expect = checker.expect
+    segments: dict[tuple[Any, Any], list[list[dict[str, Any]]]] = {}
+    for e in events:
+        if e.type not in ("part.added", "part.updated"):
+            continue
+        d = e.data or {}
+        segs = segments.setdefault((d.get("run_id"), d.get("call")), [])
+        part = d.get("part")
+        if e.type == "part.added":
+            if part == 0 and (not segs or segs[-1]):
+                segs.append([])  # a call's stream, or the same call streamed again after a crash
+            if not segs or part != len(segs[-1]):
+                expect(False, "thinking_journaled_in_place", 9,
+                       f"{conv}: part.added {part} of {d.get('run_id')} call {d.get('call')} after "
+                       f"{len(segs[-1]) if segs else 0} parts (numbers must follow the stream)")
+                segs.append([])  # (resynchronise: one report per break)
+                continue
+            segs[-1].append({"kind": d.get("kind"), "thinking": d.get("thinking", ""), "text": d.get("text", ""),
+                             "name": d.get("name")})
+        elif segs and isinstance(part, int) and 0 <= part < len(segs[-1]):
+            q = segs[-1][part]
+            q["thinking"] += d.get("thinking", "")
+            q["text"] += d.get("text", "")
+    for (run_id, call), segs in sorted(segments.items(), key=str):
+        for seg in segs:
+            if not any(q["kind"] in _REASONING for q in seg):
+                continue
+            ok = any(_journal_prefix(seg, shape) for shape in shapes)
+            expect(ok, "thinking_journaled_in_place", 9,
+                   f"{conv}: {run_id} call {call} journaled parts {[q['kind'] for q in seg]}, not as any "
+                   f"reasoning step of the conversation streamed them ({[[p['type'] for p in sh] for sh in shapes]})")
+
+
+def _journal_prefix(seg: list[dict[str, Any]], shape: list[dict[str, Any]]) -> bool:
+    """Whether the journaled parts ``seg`` are a prefix of the stream of ``shape``."""
+    if len(seg) > len(shape):
+        return False
+    for j, (q, p) in enumerate(zip(seg, shape)):
+        complete = j + 1 < len(seg)  # a later part streamed: this one was streamed whole
+        if q["kind"] != p["type"]:
+            return False
+        if p["type"] in ("thinking", "text"):
+            got, want = q[p["type"]], p[p["type"]]
+            if not (got == want if complete else want.startswith(got)):
+                return False
+        elif p["type"] == "tool_call" and q["name"] != p["name"]:
+            return False
+    return True
+
+
 def _describe_parts(parts: list[dict[str, Any]]) -> str:
-    return "[" + ", ".join(f"{p.get('type')}({str(p.get('signature') or p.get('data') or '')[-8:]})" for p in parts) + "]"
+    return "[" + ", ".join(f"{p.get('type')}({str(p.get('signature') or p.get('data') or p.get('name') or '')[-8:]})"
+                           for p in parts) + "]"
 
 
 def _strip(msgs: list[dict[str, Any]]) -> list[Any]:

@@ -29,7 +29,7 @@ from loop import Agent, Clock, RetryPolicy, Runtime, ScriptedModel, ToolContext,
 from loop import messages as M
 from loop.pricing import Price
 from loop.providers import BreakAfter, broken, overflow, permanent, reply, tool_call, transient
-from loop.providers.anthropic import to_anthropic_messages
+from loop.providers import anthropic as anthropic_wire  # (looked up per call: a patched runtime is seen)
 from loop.providers.scripted import RedactedBlock, ThinkingBlock, redacted_thinking, thinking
 
 from .harness import Checker, Scenario
@@ -49,6 +49,7 @@ CHAOS_SECONDS = 60.0
 # How long the stale-worker fault cuts a process off from the store (well past a lease).
 CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
 SETTLED = ("completed", "failed", "cancelled")
+_REASONING_TYPES = ("thinking", "redacted_thinking")
 
 # The scripted model's price in priced scenarios (micro-units per million tokens: $3 in, $15 out),
 # under the key ``Runtime(pricing=...)`` looks a ScriptedModel up by (its name).
@@ -152,6 +153,89 @@ def reasoning_parts(blocks: tuple[ThinkingBlock | RedactedBlock, ...]) -> list[d
             else {"type": "redacted_thinking", "data": b.data} for b in blocks]
 
 
+# An interleaved reasoning answer, in stream order: reasoning blocks, ("text", str) and
+# ("call", tool name, arguments).
+Layout = tuple[Any, ...]
+
+# The answer texts of the steps of an ``ithink`` turn (each step's text names it: a persisted or
+# sent-back assistant turn is matched to its step by it).
+ITHINK_TEXTS = ("planning two lookups", "one more lookup", "all looked up")
+
+
+def ithink_layout(turn_text: str, step: int) -> Layout:
+    """Step ``step`` of an ``ithink`` turn (a model thinking between tool calls, as Claude 4 does
+    with interleaved thinking), in stream order — a function of the turn's text, so a model call
+    replayed after a crash streams the same blocks:
+
+    0. thinking, text, thinking, tool_use(effect 1), redacted_thinking, thinking, tool_use(effect 2)
+    1. (after both results) redacted_thinking, thinking, text, thinking, tool_use(effect 3)
+    2. (after the third result) thinking, text: the answer.
+    """
+    def th(tag: str) -> ThinkingBlock:
+        text = f"{turn_text} step {step} {tag}: " + "hmm " * 6
+        return thinking(text, "sig-" + _sign(text))
+
+    def red(tag: str) -> RedactedBlock:
+        return redacted_thinking("redacted-" + _sign("redacted", turn_text, str(step), tag))
+
+    text = ("text", f"{turn_text}: {ITHINK_TEXTS[step]}")
+    if step == 0:
+        return (th("a"), text, th("b"), ("call", "effect", {"n": 1}), red("c"), th("d"), ("call", "effect", {"n": 2}))
+    if step == 1:
+        return (red("a"), th("b"), text, th("c"), ("call", "effect", {"n": 3}))
+    return (th("a"), text)
+
+
+def think_layout(turn_text: str, step: int) -> Layout:
+    """Step ``step`` of a ``think`` turn (reasoning first, then the answer), in stream order."""
+    answer: tuple[Any, ...] = (("text", think_reply_text(turn_text, step)),)
+    if step == 0:
+        answer += (("call", "effect", {"n": 1}),)
+    return think_blocks(turn_text, step) + answer
+
+
+def reply_of(layout: Layout) -> Any:
+    """The scripted reply that streams ``layout``: the reasoning before the first answer block as
+    ``thinking``, every later block ``interleaved`` at its place among the text and tool calls."""
+    text, calls, lead, among = "", [], [], []
+    answers = 0
+    for b in layout:
+        if isinstance(b, (ThinkingBlock, RedactedBlock)):
+            (among.append((answers, b)) if answers else lead.append(b))
+        elif b[0] == "text":
+            assert answers == 0, "the text comes before the tool calls"
+            text, answers = b[1], answers + 1
+        else:
+            calls.append(tool_call(b[1], b[2]))
+            answers += 1
+    return reply(text, *calls, thinking=lead, interleaved=among)
+
+
+def layout_parts(layout: Layout) -> list[dict[str, Any]]:
+    """The shape of the assistant message the loop persists for ``layout`` (tool calls without
+    their ids, which the loop may rename): see :func:`part_shape`."""
+    out: list[dict[str, Any]] = []
+    for b in layout:
+        if isinstance(b, (ThinkingBlock, RedactedBlock)):
+            out.extend(reasoning_parts((b,)))
+        elif b[0] == "text":
+            out.append({"type": "text", "text": b[1]})
+        else:
+            out.append({"type": "tool_call", "name": b[1], "arguments": b[2]})
+    return out
+
+
+def part_shape(p: dict[str, Any]) -> dict[str, Any]:
+    """A persisted part, or an Anthropic wire block, as :func:`layout_parts` shapes it: reasoning
+    whole (text, signature, data), text, a tool call by name and arguments."""
+    t = p.get("type")
+    if t == "tool_call":
+        return {"type": "tool_call", "name": p.get("name"), "arguments": p.get("arguments")}
+    if t == "tool_use":
+        return {"type": "tool_call", "name": p.get("name"), "arguments": p.get("input")}
+    return p
+
+
 class SimClock(Clock):
     """The runtime's wall clock on the world's virtual time."""
 
@@ -220,9 +304,14 @@ class RuntimeScenario(Scenario):
         self._agents: dict[str, Agent] | None = None
         self._settled = False  # every acknowledged run was seen settled (runs never unsettle)
         self.behind: dict[str, int] = {}  # conversation -> times its follower was told it fell behind
-        # What the scripted "API" refused as Anthropic would (400): a request after a reasoning turn
-        # whose assistant turn did not start with that turn's reasoning, unmodified.
+        # What the scripted "API" refused as Anthropic would (400): a request whose reasoning was not
+        # passed back unmodified where it streamed (_check_reasoning_sent).
         self.thinking_refused: list[str] = []
+        # The scenario's reasoning steps (answer text -> (turn text, persisted shape)); None when it
+        # has no reasoning turns (then the scripted "API" checks nothing).
+        self._reasoning_steps: dict[str, tuple[str, list[dict[str, Any]]]] | None = None
+        if any(self.step_layouts(t) for t in self.turns):
+            self.reasoning_steps()
 
     def make_turns(self) -> list[Turn]:
         return [Turn("c1", "plain", "s1")]
@@ -260,8 +349,14 @@ class RuntimeScenario(Scenario):
         if b("provider.broken", 0.1):
             world.fault("provider.broken")
             return broken("a partial answer that breaks", after=1)
+        if self._reasoning_steps is not None:  # a scenario with reasoning turns: the "API" checks the request
+            refused = self._check_reasoning_sent(text, messages)
+            if refused is not None:
+                return refused
         if mode == "think":
             return self._think_script(text, messages, results)
+        if mode == "ithink":
+            return self._ithink_script(text, results)
         if mode == "retry" and calls[key] <= 2:
             return transient("overloaded", retry_after=1.0 if calls[key] == 1 else None)
         if mode in ("tool", "approve", "cancel", "stale"):
@@ -281,27 +376,78 @@ class RuntimeScenario(Scenario):
             return "a long answer " + "x" * 300
         return f"answer to {text}"
 
+    def reasoning_steps(self) -> dict[str, tuple[str, list[dict[str, Any]]]]:
+        """Every reasoning step of the scenario's turns: its answer text -> (the turn's text, the
+        shape of the message it persists), built on first use."""
+        if self._reasoning_steps is None:
+            steps: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+            for t in self.turns:
+                for layout in self.step_layouts(t):
+                    text = "".join(b[1] for b in layout if isinstance(b, tuple) and b and b[0] == "text")
+                    steps[text] = (t.text, layout_parts(layout))
+            self._reasoning_steps = steps
+        return self._reasoning_steps
+
+    @staticmethod
+    def step_layouts(turn: Turn) -> list[Layout]:
+        """The reasoning steps of ``turn``, in order (none for a turn without reasoning)."""
+        if turn.mode == "think":
+            return [think_layout(turn.text, step) for step in (0, 1)]
+        if turn.mode == "ithink":
+            return [ithink_layout(turn.text, step) for step in range(len(ITHINK_TEXTS))]
+        return []
+
+    def _check_reasoning_sent(self, text: str, messages: list) -> Any:
+        """The request as Anthropic's API with tools checks it (400 otherwise): every assistant turn
+        of the tool-use loop under way (after the last user turn) carries its reasoning unmodified,
+        exactly where it streamed among its text and tool_use blocks — first, or interleaved.  An
+        earlier turn's reasoning may be left out (Anthropic's docs allow it) but, when sent, it too
+        is unmodified and in place (newer models check a block sent back from an earlier turn by
+        its signature and what precedes it: "preserved thinking").  Checked on the wire form
+        (``to_anthropic_messages``, looked up on its module at each call); a refusal is recorded
+        for ``thinking_passed_back``."""
+        steps = self.reasoning_steps()
+        wire = anthropic_wire.to_anthropic_messages(messages)
+        last_user = max((i for i, t in enumerate(wire) if t["role"] == "user"
+                         and any(b["type"] == "text" for b in t["content"])), default=-1)
+        for i, turn in enumerate(wire):
+            if turn["role"] != "assistant":
+                continue
+            said = "".join(b.get("text", "") for b in turn["content"] if b["type"] == "text")
+            if said not in steps:
+                continue
+            sent = [part_shape(b) for b in turn["content"]]
+            want = steps[said][1]
+            if sent == want:
+                continue
+            if i < last_user and sent == [p for p in want if p["type"] not in _REASONING_TYPES]:
+                continue  # an earlier turn's reasoning left out entirely: allowed
+            where = "the tool-use loop under way" if i > last_user else "an earlier turn"
+            self.thinking_refused.append(f"{text!r}: {where}'s assistant turn {said!r} was sent as "
+                                         f"{[b['type'] for b in turn['content']]}, streamed as {[p['type'] for p in want]}")
+            return permanent("messages: thinking blocks must be passed back unmodified, where they were")
+        return None
+
     def _think_script(self, text: str, messages: list, results: int) -> Any:
         """A reasoning model: step 0 thinks, then calls a tool; step 1 thinks again and answers.
-        Like Anthropic's API with tools, it refuses a request whose assistant turns do not start
-        with their reasoning, unmodified (the API answers 400): recorded for ``thinking_passed_back``."""
-        if results:
-            want = reasoning_parts(think_blocks(text, 0))  # (the wire blocks have the parts' shape)
-            first = think_reply_text(text, 0)
-            for turn in to_anthropic_messages(messages):
-                blocks = turn["content"]
-                if turn["role"] == "assistant" and any(b.get("text") == first for b in blocks):
-                    if blocks[: len(want)] != want or sum(b["type"] in ("thinking", "redacted_thinking")
-                                                          for b in blocks) != len(want):
-                        self.thinking_refused.append(f"{text!r}: the assistant turn was sent as "
-                                                     f"{[b['type'] for b in blocks]}")
-                        return permanent("messages: thinking blocks must be passed back unmodified, first")
+        (Like Anthropic's API with tools it refuses a request whose reasoning was not passed back
+        unmodified where it streamed: :meth:`_check_reasoning_sent`.)"""
         step = 1 if results else 0
-        r = reply(think_reply_text(text, step), *([tool_call("effect", {"n": 1})] if step == 0 else []),
-                  thinking=think_blocks(text, step))
+        r = reply_of(think_layout(text, step))
         if self.world.buggify("provider.broken.thinking", 0.1):  # the stream breaks mid-reasoning
             self.world.fault("provider.broken")
             return BreakAfter(r, after=2)
+        return r
+
+    def _ithink_script(self, text: str, results: int) -> Any:
+        """A model thinking between tool calls (interleaved thinking): step 0 (two tool calls with
+        reasoning between them), step 1 after both results (a third call), step 2 the answer —
+        see :func:`ithink_layout`."""
+        step = 0 if results < 2 else 1 if results < 3 else 2
+        r = reply_of(ithink_layout(text, step))
+        if self.world.buggify("provider.broken.thinking", 0.1):  # breaks mid-stream, past interleaved reasoning
+            self.world.fault("provider.broken")
+            return BreakAfter(r, after=self.world.rng.choice((2, 7, 11)))
         return r
 
     async def do_effect(self, ctx: ToolContext, what: str) -> str:
@@ -342,7 +488,7 @@ class RuntimeScenario(Scenario):
         if self.pricing:
             agents["sim-priced"] = Agent("sim-priced", "You are simulated.", ScriptedModel(_script), tools=tools,
                                          retry=RetryPolicy(), max_tokens=SIM_MAX_TOKENS)
-        if any(t.mode == "think" for t in self.turns):
+        if any(t.mode in ("think", "ithink") for t in self.turns):
             agents["sim-think"] = Agent("sim-think", "You are simulated.",
                                         ScriptedModel(_script, delay=SIM_THINK_EVENT_SECONDS), tools=tools,
                                         retry=RetryPolicy())
@@ -351,7 +497,7 @@ class RuntimeScenario(Scenario):
     def agent_name(self, turn: Turn) -> str:
         if turn.mode == "compact":
             return "sim-compact"
-        if turn.mode == "think":
+        if turn.mode in ("think", "ithink"):
             return "sim-think"
         return "sim-priced" if self.pricing else "sim"
 
@@ -642,6 +788,16 @@ class ThinkingTurn(RuntimeScenario):
         return [Turn("c1", "think", "s1")]
 
 
+class InterleavedThinkingTurns(RuntimeScenario):
+    name = "thinking-interleaved"
+    description = ("interleaved thinking: reasoning between text and tool calls over a three-step tool loop "
+                   "(persisted, journaled and passed back in place), then a plain turn after it")
+
+    def make_turns(self) -> list[Turn]:
+        # The second turn's model call is sent the first turn's reasoning as an earlier turn's.
+        return [Turn("c1", "ithink", "s1"), Turn("c1", "plain", "s2", delay=0.01)]
+
+
 class DuplicateSubmission(RuntimeScenario):
     name = "duplicate"
     description = "the same submission id twice (one run) and with a different request (conflict)"
@@ -704,5 +860,5 @@ class Mix(RuntimeScenario):
 SCENARIOS: dict[str, type[Scenario]] = {
     s.name: s for s in (PlainTurn, ToolTurn, MultiToolTurn, RetryTurn, CompactionTurns, ApprovalTurn,
                         CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling,
-                        CostCeiling, ThinkingTurn, DuplicateSubmission, StaleWorker, Retention, Mix)
+                        CostCeiling, ThinkingTurn, InterleavedThinkingTurns, DuplicateSubmission, StaleWorker, Retention, Mix)
 }

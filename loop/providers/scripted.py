@@ -9,7 +9,7 @@ call's messages to an item.  Items:
 * :class:`BreakAfter` — a reply whose stream breaks after ``after`` output
   events (the "stream broken after output" case).
 
-A :class:`Reply` may open with reasoning (``reply(..., thinking=[...])``):
+A :class:`Reply` may carry reasoning (``reply(..., thinking=[...])``):
 :class:`ThinkingBlock` (text and signature) and :class:`RedactedBlock`
 (opaque data), streamed exactly as :class:`~loop.providers.AnthropicProvider`
 turns Anthropic's extended-thinking stream into events — before the text and
@@ -17,7 +17,13 @@ tool calls, block ``k`` of ``n`` at index ``k``, a thinking block as
 :class:`ThinkingDelta` pieces then one :class:`ThinkingSignature`, a redacted
 block as one :class:`RedactedThinking`, then the text at index ``n`` and the
 tool calls after it — so tests and the simulator exercise reasoning (journaled
-as ``thinking`` parts, passed back first in the assistant turn) offline.
+as ``thinking`` parts, passed back in the assistant turn) offline.  Reasoning
+may also come *among* the text and tool calls (``reply(..., interleaved=[(position,
+block), ...])``, as Claude 4 models think between tool calls with interleaved
+thinking): ``block`` streams after the first ``position`` of the reply's answer
+blocks (the text, when there is any, is the first; each tool call one more), and
+every block of such a reply is numbered by its place in the stream, as Anthropic
+numbers a response's content blocks.
 Reasoning is billed as output (as Anthropic bills it): the default usage counts
 its characters in ``output_tokens``; the input count of a scripted call leaves
 reasoning parts of the context out, as the loop's own context estimate does.
@@ -125,6 +131,9 @@ class Reply:
     usage: Usage | None = None
     stop_reason: str | None = None
     thinking: Sequence[ThinkingBlock | RedactedBlock] = ()  # reasoning, streamed before the text
+    # Reasoning among the answer: (position, block) streams ``block`` after the first ``position``
+    # answer blocks (the text, when non-empty, then each tool call); ordered by position, stable.
+    interleaved: Sequence[tuple[int, ThinkingBlock | RedactedBlock]] = ()
 
 
 @dataclass(frozen=True)
@@ -150,11 +159,22 @@ def reply(
     usage: Usage | None = None,
     stop_reason: str | None = None,
     thinking: Sequence[ThinkingBlock | RedactedBlock] = (),
+    interleaved: Sequence[tuple[int, ThinkingBlock | RedactedBlock]] = (),
 ) -> Reply:
-    for b in thinking:
+    """A scripted answer: ``thinking`` streams before the text and tool calls; each
+    ``(position, block)`` of ``interleaved`` after the first ``position`` answer blocks (the
+    text when non-empty, then each tool call), e.g. ``reply("Let me check.", call_a, call_b,
+    interleaved=[(1, thinking(...)), (2, redacted_thinking(...))])`` streams text, thinking,
+    tool_use, redacted_thinking, tool_use."""
+    for b in list(thinking) + [b for _, b in interleaved]:
         if not isinstance(b, (ThinkingBlock, RedactedBlock)):
             raise TypeError(f"a reasoning block is a ThinkingBlock or a RedactedBlock, not {type(b).__name__}")
-    return Reply(text, tuple(calls), usage, stop_reason, tuple(thinking))
+    answer_blocks = (1 if text else 0) + len(calls)
+    for pos, _ in interleaved:
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= answer_blocks:
+            raise ValueError(f"an interleaved position is an int in 0..{answer_blocks} (the answer's blocks), not {pos!r}")
+    ordered = tuple(sorted(((pos, b) for pos, b in interleaved), key=lambda x: x[0]))  # (stable)
+    return Reply(text, tuple(calls), usage, stop_reason, tuple(thinking), ordered)
 
 
 def thinking(text: str, signature: str) -> ThinkingBlock:
@@ -202,6 +222,31 @@ def _context_tokens(system: str, messages: Sequence[Message]) -> int:
     return n
 
 
+# A reply's content in stream order: ("reasoning", ThinkingBlock | RedactedBlock), ("text", str)
+# or ("call", tool call mapping).
+_Block = tuple[str, Any]
+
+
+def _layout(r: Reply) -> list[_Block]:
+    """``r``'s content blocks in the order they stream: its leading reasoning, then the text
+    (when non-empty) and the tool calls, with each interleaved reasoning block after the first
+    ``position`` of those."""
+    answer: list[_Block] = ([("text", r.text)] if r.text else []) + [("call", tc) for tc in r.tool_calls]
+    out: list[_Block] = [("reasoning", b) for b in r.thinking]
+    if not r.interleaved:
+        return out + answer
+    among = sorted(r.interleaved, key=lambda x: x[0])  # (a Reply made directly may not be ordered)
+    assert all(0 <= pos <= len(answer) for pos, _ in among), "an interleaved position past the answer's blocks"
+    k = 0
+    for pos in range(len(answer) + 1):
+        while k < len(among) and among[k][0] == pos:
+            out.append(("reasoning", among[k][1]))
+            k += 1
+        if pos < len(answer):
+            out.append(answer[pos])
+    return out
+
+
 async def _stream_reply(
     r: Reply,
     *,
@@ -213,9 +258,12 @@ async def _stream_reply(
     break_error: ProviderError | None = None,
     max_tokens: int | None = None,
 ) -> AsyncIterator[StreamEvent]:
+    blocks = _layout(r)
     output: int | None = None
+    stop_reason = r.stop_reason
     if max_tokens is not None and r.usage is None and _output_tokens(r) > max_tokens:
-        r, output = _cut(r, max_tokens)
+        blocks, output = _cut(blocks, max_tokens)
+        stop_reason = STOP_MAX_TOKENS
     emitted = 0
     paced = bool(delay) or break_after is not None  # (else an event needs no tick at all)
 
@@ -228,101 +276,104 @@ async def _stream_reply(
             assert break_error is not None
             raise break_error
 
-    # Anthropic numbers a response's content blocks in order: reasoning blocks 0..n-1, the
-    # text block n, then the tool_use blocks (loop.providers.anthropic passes the block index
-    # through as each event's index).  Without reasoning the numbering is the scripted
-    # model's own (tool call i at i + 1): indexes only pair a delta with its block.
-    n = len(r.thinking)
-    for k, block in enumerate(r.thinking):
-        if isinstance(block, ThinkingBlock):
-            for i in range(0, len(block.text), chunk):
-                yield ThinkingDelta(block.text[i : i + chunk], k)
+    # With reasoning anywhere, every content block is numbered by its place in the stream, as
+    # Anthropic numbers a response's blocks (loop.providers.anthropic passes the block index
+    # through as each event's index): reasoning blocks 0..n-1, the text n, the tool calls after
+    # it, interleaved reasoning wherever it streams.  Without reasoning the numbering is the
+    # scripted model's own (the text at 0, tool call i at i + 1): indexes only pair a delta
+    # with its block.
+    reasoning = any(kind == "reasoning" for kind, _ in blocks)
+    calls = 0
+    for idx, (kind, block) in enumerate(blocks):
+        if kind == "reasoning":
+            if isinstance(block, ThinkingBlock):
+                for i in range(0, len(block.text), chunk):
+                    yield ThinkingDelta(block.text[i : i + chunk], idx)
+                    if paced:
+                        await tick()
+                if block.signature:
+                    yield ThinkingSignature(idx, block.signature)
+                    if paced:
+                        await tick()
+            else:
+                yield RedactedThinking(idx, block.data)
                 if paced:
                     await tick()
-            if block.signature:
-                yield ThinkingSignature(k, block.signature)
+        elif kind == "text":
+            at = idx if reasoning else 0
+            for i in range(0, len(block), chunk):
+                yield TextDelta(block[i : i + chunk], at)
                 if paced:
                     await tick()
         else:
-            yield RedactedThinking(k, block.data)
+            at = idx if reasoning else calls + 1
+            call_id = block.get("id") or f"call_{len(messages)}_{calls}"
+            calls += 1
+            yield ToolCallStart(at, call_id, block["name"])
             if paced:
                 await tick()
-    for i in range(0, len(r.text), chunk):
-        yield TextDelta(r.text[i : i + chunk], n)
-        if paced:
-            await tick()
-    first_call = n + 1 if (r.text or not n) else n
-    for i, tc in enumerate(r.tool_calls):
-        call_id = tc.get("id") or f"call_{len(messages)}_{i}"
-        yield ToolCallStart(first_call + i, call_id, tc["name"])
-        if paced:
-            await tick()
-        args = tc["partial_arguments"] if "partial_arguments" in tc else json.dumps(tc.get("arguments") or {})
-        if args:  # (a call cut right after its start sends no arguments, as Anthropic's stream)
-            yield ToolCallDelta(first_call + i, args)
-            if paced:
-                await tick()
+            args = block["partial_arguments"] if "partial_arguments" in block else json.dumps(block.get("arguments") or {})
+            if args:  # (a call cut right after its start sends no arguments, as Anthropic's stream)
+                yield ToolCallDelta(at, args)
+                if paced:
+                    await tick()
     if break_after is not None:
         assert break_error is not None
         raise break_error
     usage = r.usage or Usage(_context_tokens(system, messages), _output_tokens(r) if output is None else output)
-    yield Finish(r.stop_reason or (STOP_TOOL_USE if r.tool_calls else STOP_END), usage)
+    yield Finish(stop_reason or (STOP_TOOL_USE if r.tool_calls else STOP_END), usage)
+
+
+def _block_tokens(b: ThinkingBlock | RedactedBlock) -> int:
+    return estimate_tokens(b.text if isinstance(b, ThinkingBlock) else b.data)
 
 
 def _output_tokens(r: Reply) -> int:
     """A reply's default output tokens: its text, TOOL_CALL_TOKENS a tool call, and its
-    reasoning (billed as output)."""
+    reasoning (billed as output), interleaved reasoning included."""
     n = estimate_tokens(r.text) + TOOL_CALL_TOKENS * len(r.tool_calls)
     for b in r.thinking:
-        n += estimate_tokens(b.text if isinstance(b, ThinkingBlock) else b.data)
+        n += _block_tokens(b)
+    for _, b in r.interleaved:
+        n += _block_tokens(b)
     return n
 
 
-def _cut(r: Reply, max_tokens: int) -> tuple[Reply, int]:
-    """``r`` as a provider stops it at ``max_tokens`` output tokens, and the output tokens it
-    then reports (at most ``max_tokens``): its content in stream order while it fits; what
-    does not is cut at the room left — a thinking block or the text shortened (a thinking
-    block cut short has no signature yet), a tool call's arguments JSON cut mid-way (as a
-    stream stops inside ``input_json_delta``; its start is sent if any room is left), a
-    redacted block (one event) dropped — and nothing after the cut is sent.  Stop reason
-    ``max_tokens``."""
+def _cut(blocks: list[_Block], max_tokens: int) -> tuple[list[_Block], int]:
+    """A reply's ``blocks`` (stream order) as a provider stops them at ``max_tokens`` output
+    tokens, and the output tokens it then reports (at most ``max_tokens``): its content in
+    stream order while it fits; what does not is cut at the room left — a thinking block or the
+    text shortened (a thinking block cut short has no signature yet), a tool call's arguments
+    JSON cut mid-way (as a stream stops inside ``input_json_delta``; its start is sent if any
+    room is left), a redacted block (one event) dropped — and nothing after the cut is sent.
+    (The stream then stops with ``max_tokens``.)"""
     room = max_tokens
-    blocks: list[ThinkingBlock | RedactedBlock] = []
-
-    def stop(text: str = "", calls: tuple[Mapping[str, Any], ...] = ()) -> tuple[Reply, int]:
-        return Reply(text, calls, None, STOP_MAX_TOKENS, tuple(blocks)), max_tokens - room
-
-    for b in r.thinking:
-        if isinstance(b, ThinkingBlock):
-            n = estimate_tokens(b.text)
+    out: list[_Block] = []
+    for kind, b in blocks:
+        if kind == "reasoning":
+            n = _block_tokens(b)
+            if n > room:
+                if room and isinstance(b, ThinkingBlock):
+                    out.append(("reasoning", ThinkingBlock(b.text[: room * CHARS_PER_TOKEN], "")))
+                    room = 0
+                break
+        elif kind == "text":
+            n = estimate_tokens(b)
+            if n > room:
+                out.append(("text", b[: room * CHARS_PER_TOKEN]))
+                room = 0
+                break
+        else:
+            n = TOOL_CALL_TOKENS
             if n > room:
                 if room:
-                    blocks.append(ThinkingBlock(b.text[: room * CHARS_PER_TOKEN], ""))
+                    args = json.dumps(b.get("arguments") or {})
+                    out.append(("call", {**b, "partial_arguments": args[: len(args) * room // TOOL_CALL_TOKENS]}))
                     room = 0
-                return stop()
-        else:
-            n = estimate_tokens(b.data)
-            if n > room:
-                return stop()
-        blocks.append(b)
+                break
+        out.append((kind, b))
         room -= n
-    n = estimate_tokens(r.text)
-    if n > room:
-        text, room = r.text[: room * CHARS_PER_TOKEN], 0
-        return stop(text)
-    room -= n
-    calls: list[Mapping[str, Any]] = []
-    for tc in r.tool_calls:
-        if room >= TOOL_CALL_TOKENS:
-            calls.append(tc)
-            room -= TOOL_CALL_TOKENS
-            continue
-        if room:
-            args = json.dumps(tc.get("arguments") or {})
-            calls.append({**tc, "partial_arguments": args[: len(args) * room // TOOL_CALL_TOKENS]})
-            room = 0
-        break
-    return stop(r.text, tuple(calls))
+    return out, max_tokens - room
 
 
 async def _fail(error: BaseException) -> AsyncIterator[StreamEvent]:

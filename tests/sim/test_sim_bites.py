@@ -170,7 +170,7 @@ def test_reasoning_persisted_after_the_answer_is_caught(monkeypatch):
         return msg
 
     monkeypatch.setattr(base.ResponseBuilder, "message", reasoning_last)
-    _assert_bites(_search(monkeypatch, "thinking"), "thinking_first_once", "thinking")
+    _assert_bites(_search(monkeypatch, "thinking"), "thinking_in_place_once", "thinking")
 
 
 def test_reasoning_not_passed_back_is_caught(monkeypatch):
@@ -202,8 +202,8 @@ def test_a_resumed_run_that_persists_reasoning_twice_is_caught(monkeypatch):
 
     monkeypatch.setattr(loop.runner.Runner, "_recover", recover_blind)
     summary = _search(monkeypatch, "thinking")
-    _assert_bites(summary, "thinking_first_once", "thinking")
-    hits = [f for f in summary.failures if "thinking_first_once" in {v.invariant for v in f.result.violations}]
+    _assert_bites(summary, "thinking_in_place_once", "thinking")
+    hits = [f for f in summary.failures if "thinking_in_place_once" in {v.invariant for v in f.result.violations}]
     assert all(f.result.plan.crash_at is not None for f in hits)  # the fault-free run was clean
     assert any("persisted 2 times" in v.detail for f in hits for v in f.result.violations)
 
@@ -232,3 +232,114 @@ def test_the_cost_ceiling_scenario_really_cuts_an_answer():
     assert last["stop_reason"] == "max_tokens" and any(p["type"] == "tool_call" for p in last["content"])
     assert seen["info"].status == "failed" and seen["info"].outcome["error"]["type"] == "usage_limit"
     assert 0 < seen["usage"]["cost_micros"] <= 2_480
+
+
+# ---- interleaved thinking (scenario thinking-interleaved): reasoning between text and tool calls
+
+
+def _reasoning_first(parts: list) -> list:
+    reasoning = [p for p in parts if p.get("type") in ("thinking", "redacted_thinking")]
+    return reasoning + [p for p in parts if p.get("type") not in ("thinking", "redacted_thinking")]
+
+
+def test_reasoning_sorted_to_the_front_when_passed_back_is_caught(monkeypatch):
+    """The loop sends each assistant message of the context with its reasoning sorted to the front
+    (what the Anthropic merge did to interleaved reasoning before 1731a0f): persisted in place, but
+    passed back moved. The reasoning-first ``thinking`` scenario cannot see it (its reasoning is
+    first already); the interleaved one names the invariant."""
+    import loop.compaction
+
+    context = loop.compaction.model_context
+
+    def sorted_reasoning(*a, **k):
+        return [{**m, "content": _reasoning_first(m["content"])}
+                if m.get("role") == "assistant" and isinstance(m.get("content"), list) else m
+                for m in context(*a, **k)]
+
+    monkeypatch.setattr(loop.runner, "model_context", sorted_reasoning)
+    summary = _search(monkeypatch, "thinking-interleaved")
+    _assert_bites(summary, "thinking_passed_back", "thinking-interleaved")
+    assert any("tool-use loop under way" in v.detail for f in summary.failures for v in f.result.violations)
+    assert run_session(["thinking"], SEED, exhaustive_mode=True).ok  # invisible without interleaving
+
+
+def test_the_wire_sort_of_the_old_anthropic_merge_is_caught(monkeypatch):
+    """The provider's wire conversion sorts every assistant turn's reasoning to the front (the old
+    merge's sort, applied to each turn): the request the "API" reads moves the interleaved blocks."""
+    import loop.providers.anthropic as anthropic
+
+    wire = anthropic.to_anthropic_messages
+
+    def sorted_wire(messages):
+        return [{**t, "content": _reasoning_first(t["content"])} if t["role"] == "assistant" else t
+                for t in wire(messages)]
+
+    monkeypatch.setattr(anthropic, "to_anthropic_messages", sorted_wire)
+    _assert_bites(_search(monkeypatch, "thinking-interleaved"), "thinking_passed_back", "thinking-interleaved")
+
+
+@pytest.mark.parametrize("how", ["drop", "duplicate"])
+def test_an_interleaved_reasoning_part_dropped_or_duplicated_on_persist_is_caught(monkeypatch, how):
+    """The response builder loses (or repeats) a reasoning part that streamed after a tool call,
+    when it builds the message the loop persists; leading reasoning is untouched."""
+    import loop.providers.base as base
+
+    message = base.ResponseBuilder.message
+
+    def broken(self):
+        msg = message(self)
+        parts, out, seen_call = msg["content"], [], False
+        for p in parts:
+            interleaved = seen_call and p["type"] in ("thinking", "redacted_thinking")
+            seen_call = seen_call or p["type"] == "tool_call"
+            if interleaved and how == "drop":
+                continue
+            out.append(p)
+            if interleaved and how == "duplicate":
+                out.append(dict(p))
+        msg["content"] = out
+        return msg
+
+    monkeypatch.setattr(base.ResponseBuilder, "message", broken)
+    summary = _search(monkeypatch, "thinking-interleaved")
+    _assert_bites(summary, "thinking_in_place_once", "thinking-interleaved")
+    assert run_session(["thinking"], SEED, exhaustive_mode=True).ok  # (no reasoning after a call there)
+
+
+def test_journaled_parts_out_of_step_with_the_stream_are_caught(monkeypatch):
+    """The journal's part numbers skip redacted blocks (not journaled as parts at all), so every
+    part streamed after one is journaled one place early: a client rebuilds the answer with its
+    reasoning moved."""
+    import loop.stream
+
+    add = loop.stream.PartCoalescer.add
+
+    def no_redacted(self, ev):
+        if isinstance(ev, loop.stream.RedactedThinking):
+            return
+        add(self, ev)
+
+    monkeypatch.setattr(loop.stream.PartCoalescer, "add", no_redacted)
+    _assert_bites(_search(monkeypatch, "thinking-interleaved"), "thinking_journaled_in_place", "thinking-interleaved")
+
+
+def test_an_earlier_turns_reasoning_moved_when_sent_is_caught(monkeypatch):
+    """An earlier turn's reasoning may be left out of a request (the API strips it) but, when sent,
+    it goes unmodified where it streamed: a loop that sorts only earlier turns' reasoning to the
+    front is caught by the call of the turn after it (``plain`` after ``ithink``)."""
+    import loop.compaction
+
+    context = loop.compaction.model_context
+
+    def sorted_earlier(*a, **k):
+        msgs = context(*a, **k)
+        last_user = max(i for i, m in enumerate(msgs) if m.get("role") == "user")
+        return [{**m, "content": _reasoning_first(m["content"])}
+                if i < last_user and m.get("role") == "assistant" and isinstance(m.get("content"), list) else m
+                for i, m in enumerate(msgs)]
+
+    monkeypatch.setattr(loop.runner, "model_context", sorted_earlier)
+    summary = _search(monkeypatch, "thinking-interleaved")
+    _assert_bites(summary, "thinking_passed_back", "thinking-interleaved")
+    assert all("an earlier turn" in v.detail for f in summary.failures for v in f.result.violations
+               if v.invariant == "thinking_passed_back")

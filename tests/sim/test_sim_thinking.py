@@ -84,6 +84,70 @@ async def test_scripted_thinking_streams_what_the_anthropic_provider_streams(nur
     assert {"ThinkingDelta", "RedactedThinking"} & set(kinds[:first_answer])  # reasoning comes first
 
 
+# (leading reasoning, text, tool calls, interleaved (position, block)): reasoning among the answer
+INTERLEAVED_CASES = [
+    # thinking, text, thinking, tool_use, redacted_thinking, thinking, tool_use
+    ([("thinking", THOUGHT, SIG)], "Checking.", [("toolu_1", "lookup", {"city": "Oslo"}), ("toolu_2", "lookup", {"city": "Rome"})],
+     [(1, ("thinking", "then the first lookup", SIG)), (2, ("redacted_thinking", REDACTED)), (2, ("thinking", "and Rome", SIG))]),
+    # text, thinking, tool_use (no leading reasoning)
+    ([], "Let me look.", [("toolu_3", "lookup", {"city": "Bergen"})], [(1, ("thinking", THOUGHT, SIG))]),
+    # thinking, tool_use, thinking, tool_use (no text)
+    ([("thinking", "first", SIG)], "", [("toolu_4", "lookup", {"city": "A"}), ("toolu_5", "lookup", {"city": "B"})],
+     [(1, ("thinking", THOUGHT, SIG))]),
+    # text, then reasoning after it at the end
+    ([("redacted_thinking", REDACTED)], "Done.", [], [(1, ("thinking", "closing thought", SIG))]),
+]
+
+
+def _block(b: tuple[str, ...]) -> Any:
+    return thinking(b[1], b[2]) if b[0] == "thinking" else redacted_thinking(b[1])
+
+
+@pytest.mark.parametrize("lead,text,calls,among", INTERLEAVED_CASES)
+async def test_scripted_interleaved_thinking_streams_what_the_anthropic_provider_streams(nursery, lead, text, calls, among):
+    """Reasoning among the text and tool calls (interleaved thinking): every block numbered by its
+    place in the stream, as Anthropic numbers them, and the same events as the real provider."""
+    server = ThinkingServer()
+    await nursery.start(server.serve)
+    server.enqueue(ThinkingReply(text, tool_calls=calls, thinking=lead, interleaved=among, chunk=3))
+    real = await _events(AnthropicProvider("claude-test", base_url=server.base_url, api_key="k", timeout=None,
+                                           thinking_budget=2048, max_tokens=8192, interleaved_thinking=True))
+    scripted = await _events(ScriptedModel([
+        reply(text, *[tool_call(name, args, id=cid) for cid, name, args in calls], thinking=[_block(b) for b in lead],
+              interleaved=[(pos, _block(b)) for pos, b in among])], chunk=5))
+    assert _merged(scripted) == _merged(real)
+    kinds = [type(e).__name__ for e in _merged(scripted) if not isinstance(e, tuple)]
+    first_answer = min(kinds.index(k) for k in ("TextDelta", "ToolCallStart") if k in kinds)
+    assert {"ThinkingDelta", "RedactedThinking"} & set(kinds[first_answer:])  # reasoning after the answer began
+
+
+def test_interleaved_positions_are_checked():
+    with pytest.raises(ValueError, match="interleaved position"):
+        reply("t", tool_call("lookup"), interleaved=[(3, thinking("x", SIG))])  # two answer blocks: 0..2
+    with pytest.raises(TypeError):
+        reply("t", interleaved=[(0, "not a block")])
+    r = reply("t", tool_call("lookup"), interleaved=[(2, thinking("b", SIG)), (1, thinking("a", SIG))])
+    assert [pos for pos, _ in r.interleaved] == [1, 2]  # ordered by position
+
+
+async def test_interleaved_replies_stop_at_max_tokens_in_stream_order():
+    """A cut falls wherever the room runs out, interleaved reasoning included: text (4 tokens), a
+    thinking block between it and the tool call (10), the call (8)."""
+    r = reply("a" * 16, tool_call("lookup", {"city": "Oslo"}), interleaved=[(1, thinking("t" * 40, SIG))])
+    full = [ev async for ev in ScriptedModel([r]).stream(system="", messages=[], tools=())]
+    assert full[-1].usage.output_tokens == 4 + 10 + 8
+    assert [type(e).__name__ for e in full][:2] == ["TextDelta", "ThinkingDelta"]
+    for cap, reasoning, has_sig, started in [(8, "t" * 16, False, False), (14, "t" * 40, True, False),
+                                             (18, "t" * 40, True, True)]:
+        evs = [ev async for ev in ScriptedModel([r]).stream(system="", messages=[], tools=(), max_tokens=cap)]
+        assert evs[-1].stop_reason == STOP_MAX_TOKENS and evs[-1].usage.output_tokens <= cap
+        assert "".join(e.text for e in evs if isinstance(e, TextDelta)) == "a" * 16
+        assert "".join(e.text for e in evs if isinstance(e, ThinkingDelta)) == reasoning
+        assert any(isinstance(e, ThinkingSignature) for e in evs) == has_sig
+        assert any(isinstance(e, ToolCallStart) for e in evs) == started
+        assert [e.index for e in evs if isinstance(e, ThinkingDelta)][0] == 1  # numbered in stream order
+
+
 async def test_a_scripted_reasoning_turn_is_persisted_first_and_passed_back():
     """Through the real loop: the transcript's assistant message starts with the reasoning parts
     (signature and data unmodified), and the next model call is sent them back in that message."""
@@ -178,3 +242,46 @@ async def test_the_echo_model_stops_at_max_tokens_too():
     assert full[-1].usage.output_tokens > 5 and full[-1].stop_reason == "end_turn"
     assert cut[-1].usage.output_tokens <= 5 and cut[-1].stop_reason == STOP_MAX_TOKENS
     assert "".join(e.text for e in cut if isinstance(e, TextDelta)) == "You said: " + "x" * 10
+
+
+def test_the_interleaved_scenario_streams_persists_and_passes_back_reasoning_in_place():
+    """``thinking-interleaved``: three model calls of one tool loop interleave reasoning with text
+    and tool calls; the transcript holds every part where it streamed, the journal numbers the parts
+    in stream order while the answer is still streaming (a write to crash at between reasoning
+    parts), every call of the loop is sent the loop's earlier reasoning in place, and the next
+    turn's call is sent the finished turn's (an earlier turn's) unmodified."""
+    from sim import run_once
+    from sim.scenarios import SCENARIOS, ithink_layout, layout_parts, part_shape
+
+    box: dict[str, Any] = {}
+
+    class Probe(SCENARIOS["thinking-interleaved"]):  # type: ignore[misc,valid-type]
+        async def check(self, checker):
+            await super().check(checker)
+            rt = Runtime(checker.db)
+            box["events"] = [(e.type, e.data) for e in (await rt.read_events("c1", None, limit=1000)).events]
+            box["msgs"] = await rt.transcript("c1")
+            box["think_calls"] = self._agents["sim-think"].model.calls
+            box["plain_calls"] = self._agents["sim"].model.calls
+
+    r = run_once(Probe, 1)
+    assert r.ok, r.violations
+    msgs = box["msgs"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "assistant", "tool", "assistant",
+                                         "user", "assistant"]
+    steps = [layout_parts(ithink_layout("ithink s1", k)) for k in range(3)]
+    assert [[part_shape(p) for p in msgs[i]["content"]] for i in (1, 4, 6)] == steps
+    assert [p["type"] for p in msgs[1]["content"]] == ["thinking", "text", "thinking", "tool_call", "redacted_thinking",
+                                                       "thinking", "tool_call"]
+    # journaled as numbered parts, in stream order, before the message was persisted
+    ev = box["events"]
+    first_message = next(i for i, (t, d) in enumerate(ev) if t == "message.added" and i > 3)
+    call1 = [(d["part"], d["kind"]) for t, d in ev[:first_message] if t == "part.added" and d["call"] == 1]
+    assert call1 == [(0, "thinking"), (1, "text"), (2, "thinking"), (3, "tool_call"), (4, "redacted_thinking"),
+                     (5, "thinking"), (6, "tool_call")]
+    # every call of the loop was sent the loop's earlier steps as persisted
+    third = box["think_calls"][2]["messages"]
+    assert [m["content"] for m in third if m["role"] == "assistant"] == [msgs[1]["content"], msgs[4]["content"]]
+    # the next turn's call carries the earlier turn's reasoning, unmodified and in place
+    (plain,) = box["plain_calls"]
+    assert [m["content"] for m in plain["messages"] if m["role"] == "assistant"] == [msgs[i]["content"] for i in (1, 4, 6)]

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, 
 import trio
 
 from .errors import KVError
-from .limits import KEY_SIZE_LIMIT, SYSTEM_KEY_PREFIX, VALUE_SIZE_LIMIT
+from .limits import KEY_SIZE_LIMIT, SYSTEM_KEY_PREFIX, TRANSACTION_SIZE_LIMIT, VALUE_SIZE_LIMIT
 from .selectors import KeySelector
 
 __all__ = [
@@ -76,6 +76,7 @@ _COMMIT_UNKNOWN_RESULT = 1021
 _TRANSACTION_CANCELLED = 1025
 _OPERATION_CANCELLED = 1101
 _CLIENT_INVALID_OPERATION = 2000
+_INVALID_OPTION_VALUE = 2006
 _USED_DURING_COMMIT = 2017
 _KEY_OUTSIDE_LEGAL_RANGE = 2004
 _INVERTED_RANGE = 2005
@@ -345,6 +346,56 @@ class _Versionstamp:
         return _result(self._fut, lambda f: bytes(f.value), cancel_on_abort=False).__await__()
 
 
+class _Options:
+    """``tr.options``: FoundationDB's transaction options, called as on the embedded engine.
+
+    The bindings' setters are not a drop-in: an int option is
+    ``struct.pack("<q", param)`` (fdb/impl.py option_wrap_int), so
+    ``set_timeout(1500.0)`` raised struct.error where the embedded engine takes
+    any number of ms; ``fdb_transaction_set_option`` errors come back as
+    ``fdb.FDBError``, not KVError; and libfdb_c defers a bad value
+    (ThreadSafeTransaction::setOption runs it on the network thread), so a size
+    limit out of range failed only at the next read or commit, where the
+    embedded engine raises invalid_option_value (2006) at once. Any other
+    FoundationDB option is passed through with its errors mapped.
+    """
+
+    __slots__ = ("_opts",)
+
+    def __init__(self, opts: Any) -> None:
+        self._opts = opts
+
+    def _set(self, name: str, *args: Any) -> None:
+        with _mapped():
+            getattr(self._opts, name)(*args)
+
+    def set_timeout(self, ms: float) -> None:
+        self._set("set_timeout", int(ms))
+
+    def set_retry_limit(self, n: int) -> None:
+        self._set("set_retry_limit", int(n))
+
+    def set_max_retry_delay(self, ms: float) -> None:
+        self._set("set_max_retry_delay", int(ms))
+
+    def set_size_limit(self, nbytes: int) -> None:
+        if not 32 <= nbytes <= TRANSACTION_SIZE_LIMIT:
+            raise KVError(_INVALID_OPTION_VALUE, "size_limit must be in [32, 10,000,000]")
+        self._set("set_size_limit", int(nbytes))
+
+    def set_next_write_no_write_conflict_range(self) -> None:
+        self._set("set_next_write_no_write_conflict_range")
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        setter = getattr(self._opts, name)
+
+        def set_option(*args: Any) -> None:
+            with _mapped():
+                setter(*args)
+
+        return set_option
+
+
 class FDBTransaction:
     """kv's Transaction over ``fdb.impl.Transaction`` (or its snapshot view)."""
 
@@ -383,10 +434,11 @@ class FDBTransaction:
         return self._snapshot_view
 
     @property
-    def options(self) -> Any:
+    def options(self) -> _Options:
         """FoundationDB's transaction options (set_timeout(ms), set_retry_limit(n),
-        set_max_retry_delay(ms), set_next_write_no_write_conflict_range(), ...)."""
-        return self._tr.options
+        set_max_retry_delay(ms), set_size_limit(n), set_next_write_no_write_conflict_range(),
+        ...), errors as KVError (see :class:`_Options`)."""
+        return _Options(self._tr.options)
 
     async def get(self, key: bytes) -> bytes | None:
         with _mapped():

@@ -193,6 +193,19 @@ async def test_one_versionstamp_per_attempt(db):
     await tr.commit()
     assert len(await tr.get_versionstamp()) == 10 and await third == await tr.get_versionstamp()
 
+
+async def test_options_take_any_number_of_ms_and_raise_kverror_at_once(db):
+    tr = db.create_transaction()
+    tr.options.set_timeout(60_000.0)  # fdb's int setter alone: struct.error
+    tr.options.set_max_retry_delay(500.0)
+    tr.options.set_retry_limit(3)
+    with pytest.raises(kv.KVError) as info:
+        tr.options.set_size_limit(10)  # libfdb_c alone: 2006 only at the next read or commit
+    assert info.value.code == 2006
+    tr.set(b"opt", b"1")
+    await tr.commit()
+    assert tr.get_committed_version() > 0
+
 # --- the future-to-trio bridge ----------------------------------------------
 #
 # libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import trio
@@ -91,15 +92,28 @@ class FDBUnavailableError(RuntimeError):
 
 
 _fdb: Any = None  # the `fdb` module once api_version() succeeded
+# open_fdb runs _load in a worker thread, so two opens at once would race into
+# fdb.api_version(), whose guard (the module global _version) is set only at its
+# end: both threads would call fdb_select_api_version_impl, which "is not thread
+# safe, and if called from more than one thread simultaneously its behavior is
+# undefined" and otherwise fails the second call with api_version_already_set
+# (api-c.rst; bindings/c/fdb_c.cpp), which the binding reports as a bare
+# "FoundationDB API error" and _select would misreport as FDBUnavailableError.
+_load_lock = threading.Lock()
 
 
 def _load(api_version: int) -> Any:
     """Select the API version (once per process) and return the fdb module."""
-    global _fdb
     if api_version not in SUPPORTED_API_VERSIONS:
         raise ValueError(f"unsupported FoundationDB API version {api_version}; use one of {sorted(SUPPORTED_API_VERSIONS)}")
     import fdb
 
+    with _load_lock:
+        return _select(fdb, api_version)
+
+
+def _select(fdb: Any, api_version: int) -> Any:
+    global _fdb
     if fdb.is_api_version_selected():
         if fdb.get_api_version() != api_version:
             raise RuntimeError(

@@ -310,6 +310,7 @@ class FDBRangeResult:
         bsel, esel = _selector(self._begin), _selector(self._end)
         limit, iteration = self._limit, 1
         while True:
+            self._tr._usable()
             with _mapped():
                 fut = self._tr._read._get_range(bsel, esel, limit, mode, iteration, self._reverse)
             kvs, count, more = await _result(fut, lambda f: f.wait())
@@ -418,10 +419,11 @@ class FDBTransaction:
         self._tr = tr if snapshot_of is None else snapshot_of._tr
         self._read = tr if snapshot_of is None else snapshot_of._tr.snapshot
         self._is_snapshot = snapshot_of is not None
+        self._owner: FDBTransaction = self if snapshot_of is None else snapshot_of  # holds the state below
         self._snapshot_view: FDBTransaction | None = None
         # FoundationDB: every use after commit() started (until reset/on_error) is
-        # used_during_commit; libfdb_c reports it for writes only at the next read
-        # or commit, so writes check it here to raise at once like the embedded engine.
+        # used_during_commit. It is checked here, before libfdb_c sees the call, for
+        # every read and write (see _usable).
         self._commit_started = False
         # Set once commit() succeeded, until reset/on_error: get_committed_version
         # is only defined then (api-c.rst: "fdb_transaction_commit() must have been
@@ -433,9 +435,19 @@ class FDBTransaction:
         # new object per call cost every journal emit an extra snapshot read).
         self._stamp: _Versionstamp | None = None
 
-    def _writable(self) -> None:
-        owner = self if not self._is_snapshot else None
-        if owner is not None and owner._commit_started:
+    def _usable(self) -> None:
+        """used_during_commit (2017) once commit() started, before libfdb_c sees the call.
+
+        libfdb_c must not see it: ReadYourWritesTransaction::checkUsedDuringCommit
+        sends used_during_commit into the transaction's resetPromise, and
+        RYWImpl::commit waits on ``resetPromise || tr.commit()`` (fdbclient/
+        ReadYourWrites.actor.cpp), so one read, watch or get_versionstamp from
+        another task while a commit is in flight made that commit fail with 2017
+        although the commit underneath carried on and may have landed. libfdb_c
+        also reports a write's 2017 only at the next read or commit. The embedded
+        engine refuses all of these at the call (kv/transaction.py _check_usable).
+        """
+        if self._owner._commit_started:
             raise KVError(_USED_DURING_COMMIT)
 
     # -- reads --
@@ -455,16 +467,19 @@ class FDBTransaction:
         return _Options(self._tr.options)
 
     async def get(self, key: bytes) -> bytes | None:
+        self._usable()
         with _mapped():
             fut = self._read.get(_bytes(key))
         return await _result(fut, lambda f: f.value)
 
     async def get_multi(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        self._usable()
         with _mapped():
             futs = [self._read.get(_bytes(k)) for k in keys]  # all in flight at once
         return [await _result(f, lambda f: f.value) for f in futs]
 
     async def get_key(self, selector: KeySelector) -> bytes:
+        self._usable()
         with _mapped():
             fut = self._read.get_key(_selector(selector))
         return await _result(fut, lambda f: bytes(f.value))
@@ -480,25 +495,26 @@ class FDBTransaction:
         return self.get_range(prefix, _strinc(prefix), limit=limit, reverse=reverse)
 
     async def get_read_version(self) -> int:
+        self._usable()
         with _mapped():
             fut = self._tr.get_read_version()
         return await _result(fut, lambda f: f.wait())
 
     # -- writes --
     def set(self, key: bytes, value: bytes) -> None:
-        self._writable()
+        self._usable()
         key, value = _check_key(key, for_write=True), _check_value(value)
         with _mapped():
             self._tr.set(key, value)
 
     def clear(self, key: bytes) -> None:
-        self._writable()
+        self._usable()
         key = _check_key(key, for_write=False)  # an oversize key cannot exist: FoundationDB's own rule applies
         with _mapped():
             self._tr.clear(key)
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._writable()
+        self._usable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.clear_range(begin, end)
@@ -510,7 +526,7 @@ class FDBTransaction:
         self.set(key, value)
 
     def _atomic(self, name: str, key: bytes, param: bytes) -> None:
-        self._writable()
+        self._usable()
         key, param = _check_key(key, for_write=True), _check_value(param)
         with _mapped():
             self._tr._atomic_operation(_OPCODES[name], key, param)
@@ -546,7 +562,7 @@ class FDBTransaction:
         self._atomic("compare_and_clear", key, param)
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        self._writable()
+        self._usable()
         key, value = _bytes(key), _check_value(value)
         # libfdb_c reports a malformed stamp template only at the next read or
         # commit (the C call is void); check it here so it raises at once, as on
@@ -559,7 +575,7 @@ class FDBTransaction:
             self._tr._atomic_operation(_OPCODES["set_versionstamped_key"], key, value)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        self._writable()
+        self._usable()
         key = _check_key(key, for_write=True)
         value = _bytes(value, "values")
         if len(value) < 4:
@@ -572,7 +588,7 @@ class FDBTransaction:
 
     # -- conflict ranges --
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
-        self._writable()
+        self._usable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.add_read_conflict_range(begin, end)
@@ -582,7 +598,7 @@ class FDBTransaction:
         self.add_read_conflict_range(key, key + b"\x00")
 
     def add_write_conflict_range(self, begin: bytes, end: bytes) -> None:
-        self._writable()
+        self._usable()
         begin, end = _check_range(begin, end)
         with _mapped():
             self._tr.add_write_conflict_range(begin, end)
@@ -596,7 +612,7 @@ class FDBTransaction:
         # ReadYourWritesTransaction::watch returns used_during_commit,
         # key_outside_legal_range and key_too_large as the watch future's error, so
         # they surfaced only at ``await w``; the embedded engine raises them here.
-        self._writable()
+        self._usable()
         key = _check_key(key, for_write=True)
         with _mapped():
             return FDBWatch(self._tr.watch(key))
@@ -604,10 +620,12 @@ class FDBTransaction:
     def get_versionstamp(self) -> _Versionstamp:
         """Awaitable 10-byte versionstamp, ready after commit; the same object
         until reset()/on_error() starts a new attempt."""
-        if self._stamp is None:
+        owner = self._owner
+        if owner._stamp is None:
+            self._usable()
             with _mapped():
-                self._stamp = _Versionstamp(self._tr.get_versionstamp())
-        return self._stamp
+                owner._stamp = _Versionstamp(self._tr.get_versionstamp())
+        return owner._stamp
 
     def get_committed_version(self) -> int:
         """The commit's version (-1 for a read-only commit); KVError 2000 before a
@@ -615,7 +633,7 @@ class FDBTransaction:
         callers rely on to tell "committed" from "not yet" (sessions/coalesce.py
         ``_settle_inflight``). libfdb_c would answer -1 there, indistinguishable
         from a committed read-only transaction."""
-        if not self._committed:
+        if not self._owner._committed:
             raise KVError(_CLIENT_INVALID_OPERATION, "transaction has not committed")
         with _mapped():
             return int(self._tr.get_committed_version())
@@ -626,22 +644,27 @@ class FDBTransaction:
         The wait is shielded: cancelling a commit's future would leave its
         outcome unknown anyway, so we let it finish and report the real result.
         If the commit is nevertheless interrupted (the transaction cancelled
-        from elsewhere, or the run shutting down), the caller gets 1021.
+        from elsewhere, or the run shutting down), the caller gets 1021. So does
+        a used_during_commit (2017) from the commit's future: RYWImpl::commit
+        reports it when something used the transaction while the commit was in
+        flight, whatever the commit underneath did (see :meth:`_usable`, which
+        keeps this module from causing it).
         """
-        self._writable()
+        self._usable()
+        owner = self._owner
         # Cancellable until handed over, as on the embedded engine: Cancelled, nothing sent.
         await trio.lowlevel.checkpoint_if_cancelled()
         with _mapped():
             fut = self._tr.commit()
-        self._commit_started = True
+        owner._commit_started = True
         with trio.CancelScope(shield=True):
             try:
                 await _wait_ready(fut)
                 with _mapped():
                     fut.wait()
-                self._committed = True
+                owner._committed = True
             except KVError as e:
-                if e.code in (_TRANSACTION_CANCELLED, _OPERATION_CANCELLED):
+                if e.code in (_TRANSACTION_CANCELLED, _OPERATION_CANCELLED, _USED_DURING_COMMIT):
                     raise KVError(_COMMIT_UNKNOWN_RESULT, "commit interrupted; it may have committed") from e
                 raise
             except (trio.Cancelled, KeyboardInterrupt, trio.RunFinishedError) as e:  # pragma: no cover - defensive
@@ -658,12 +681,14 @@ class FDBTransaction:
         with _mapped():
             fut = self._tr.on_error(error.code)
         await _result(fut, lambda f: f.wait())
-        self._commit_started = self._committed = False  # on_error reset the transaction
-        self._stamp = None
+        self._owner._forget_attempt()  # on_error reset the transaction
 
     def reset(self) -> None:
         with _mapped():
             self._tr.reset()
+        self._owner._forget_attempt()
+
+    def _forget_attempt(self) -> None:
         self._commit_started = self._committed = False
         self._stamp = None
 

@@ -206,6 +206,34 @@ async def test_options_take_any_number_of_ms_and_raise_kverror_at_once(db):
     await tr.commit()
     assert tr.get_committed_version() > 0
 
+
+async def test_any_use_after_commit_is_used_during_commit(db):
+    # On the fdb backend this is refused before libfdb_c sees it: a read reaching
+    # libfdb_c while the commit is in flight fails that commit with 2017 (see _usable).
+    tr = db.create_transaction()
+    tr.set(b"udc", b"1")
+    await tr.commit()
+    for use in (
+        lambda: tr.get(b"udc"),
+        lambda: tr.snapshot.get(b"udc"),
+        lambda: tr.get_multi([b"udc"]),
+        lambda: _awaited(tr.get_range(b"a", b"z")),
+        lambda: _awaited(tr.snapshot.get_range(b"a", b"z")),
+        lambda: tr.get_read_version(),
+    ):
+        with pytest.raises(kv.KVError) as info:
+            await use()
+        assert info.value.code == 2017
+    with pytest.raises(kv.KVError) as info:
+        tr.set(b"udc", b"2")
+    assert info.value.code == 2017
+    tr.reset()
+    assert await tr.get(b"udc") == b"1"
+
+
+async def _awaited(range_result):
+    return await range_result
+
 # --- the future-to-trio bridge ----------------------------------------------
 #
 # libfdb_c cannot be loaded here, so these drive the bridge with ContractFuture:

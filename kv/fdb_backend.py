@@ -10,14 +10,22 @@ classification, backoff) is the cluster's own; this module only
   the network thread (the recipe in ``fdb-semantics.md`` section 1): the
   future's ``on_ready`` callback runs on the network thread and only calls
   ``token.run_sync_soon(wake)``; ``wake`` reschedules the parked task; a trio
-  cancellation cancels the FoundationDB future;
+  cancellation cancels a read's FoundationDB future, but not a watch's or a
+  versionstamp's, which the caller still holds (as on the embedded engine);
 * shields ``commit`` from cancellation (a cancelled commit "may or may not
   occur") and reports a commit interrupted from outside as
   ``commit_unknown_result`` (1021), which callers already treat as maybe
   committed;
 * maps ``fdb.FDBError`` to :class:`kv.KVError` with the same code, and checks
-  key/value sizes, the legal key range and inverted ranges on the client so
-  those errors are raised at once, exactly as the embedded engine raises them.
+  key/value sizes, the legal key range, inverted ranges, versionstamp
+  templates, option values and any use after ``commit()`` started on the
+  client, so those errors are raised at once, exactly as the embedded engine
+  raises them (libfdb_c defers most of them, and a use during a commit in
+  flight would fail that commit; see ``FDBTransaction._usable``);
+* presents the rest of the API as the embedded engine does (kv/transaction.py):
+  ``on_error`` takes a code, ``get_committed_version`` raises until a commit
+  succeeded, ``get_versionstamp`` is one awaitable per attempt, options take
+  any number of ms.
 
 It cannot run on machines without libfdb_c; :func:`open_fdb` then raises
 :class:`FDBUnavailableError` saying so.

@@ -58,7 +58,9 @@ TERMINAL_EVENTS = ("run.completed", "run.failed", "run.cancelled")
 SETTLED = ("completed", "failed", "cancelled")
 #: How a kill is timed. Every soak with two kills or more has the first two. ``at_ready``: as soon
 #: as a restarted server answers /readyz, while it re-claims and recovers the runs the last kill cut.
-KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere", "at_ready")
+#: ``mid_start``: the server is killed, restarted, and killed again before it answers (in its log
+#: replay, its checkpoint at open, its first claims...); it counts as one kill.
+KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere", "at_ready", "mid_start")
 #: Longest wait for a kill's moment before killing anyway (mode recorded as ``<mode>:timeout``).
 TRIGGER_TIMEOUT = 6.0
 #: Seconds of work (range) a restarted server gets before the next kill, however late the plan runs.
@@ -80,7 +82,7 @@ VIOLATIONS = {
     "tool_at_most_once": "promise 3: a tool call's effect was recorded more than once",
     "interrupted_result": "promise 3: a call whose effect is recorded lacks its result or an `interrupted` one",
     "transcript_well_formed": "promise 2: a tool call without exactly one result after it, or a result without a call",
-    "journal_order": "promise 9: journal positions not strictly increasing",
+    "journal_order": "promise 9: journal positions not strictly increasing, or one used twice",
     "settled_once": "promise 9: a run's terminal event missing, repeated, or contradicting its status",
     "stream_exact": "promise 9: a follower's ids are not a contiguous slice of the final journal",
     "stream_caught_up": "promise 9: a follower never reached the end of the final journal",
@@ -125,8 +127,16 @@ class Server:
         self.starts = 0
         self.log = workdir / "server.log"
         self.up = trio.Event()  # set while the server answers; replaced at each kill
+        self.start_seconds = 3.0  # how long the last start took to answer /readyz
 
     async def start(self) -> None:
+        """Spawn the child and wait until it answers /readyz."""
+        await self.spawn()
+        t = time.monotonic()
+        await self.wait_ready()
+        self.start_seconds = time.monotonic() - t
+
+    async def spawn(self) -> None:
         env = {**os.environ, "SUREFOOT_TOKEN": TOKEN, "PYTHONPATH": str(ROOT),
                "SUREFOOT_TEST_TICKS": str(self.cfg.ticks), "SUREFOOT_TEST_TICK_SECONDS": str(self.cfg.tick_seconds),
                "SUREFOOT_TEST_LEASE_SECONDS": str(self.cfg.lease_seconds), "SUREFOOT_TEST_EFFECTS_DETAIL": "1",
@@ -138,6 +148,9 @@ class Server:
                 [sys.executable, str(HERE / "serve_child.py"), str(self.data), str(self.port), str(self.effects)],
                 env=env, stdout=log, stderr=log)
         self.starts += 1
+
+    async def wait_ready(self) -> None:
+        assert self.proc is not None
         with trio.fail_after(START_TIMEOUT):
             async with httpx.AsyncClient(base_url=self.url, timeout=2) as c:
                 while True:
@@ -153,7 +166,8 @@ class Server:
 
     def kill(self) -> None:
         assert self.proc is not None
-        self.up = trio.Event()
+        if self.up.is_set():  # a server killed while starting was never up: keep the event its waiters hold
+            self.up = trio.Event()
         self.proc.send_signal(signal.SIGKILL)
 
     async def wait_dead(self) -> None:
@@ -232,8 +246,13 @@ class Driver:
             try:
                 r = await c.post(f"/v1/conversations/{s['conv']}/messages", json=s["body"],
                                  headers={"Idempotency-Key": key})
+            except httpx.ConnectError:
+                s["unsent"] += 1  # no connection: the request never reached a server
+                await self.server.up.wait()
+                await trio.sleep(0.05)
+                continue
             except httpx.TransportError:
-                s["lost"] += 1
+                s["lost"] += 1  # it may have been received, even committed: its answer is lost
                 await self.server.up.wait()
                 await trio.sleep(0.05)
                 continue
@@ -263,7 +282,7 @@ class Driver:
                 key = f"s{self.cfg.seed}-c{n}-{i}"
                 i += 1
                 self.subs[key] = {"key": key, "conv": conv, "body": {"message": f"message {key}"}, "sends": 0,
-                                  "lost": 0, "acks": [], "refusals": [], "run_id": None, "cancel": None,
+                                  "unsent": 0, "lost": 0, "acks": [], "refusals": [], "run_id": None, "cancel": None,
                                   "resend": None}
                 if not await self.submit_until_acked(c, key, deadline=None):
                     continue
@@ -431,6 +450,17 @@ class Driver:
                     await self.frame_seen.wait()
             if scope.cancelled_caught:
                 how = f"{mode}:timeout"
+            if mode == "mid_start":
+                # kill the server, start another and kill that one before it answers: somewhere in its
+                # imports, its log replay and checkpoint at open, or its first claims
+                self.server.kill()
+                await self.server.wait_dead()
+                await self.server.spawn()
+                await trio.sleep(rng.uniform(0.3, 1.0) * self.server.start_seconds)
+                if self.server.proc is not None and self.server.proc.poll() is not None:
+                    self.start_failures.append(f"exited {self.server.proc.returncode} while starting: "
+                                               f"{self.server.log_tail()}")
+                    raise ServerFailed("the server died while starting")
             self.server.kill()
             t = time.monotonic() - self.t0
             await self.server.wait_dead()
@@ -732,6 +762,10 @@ def check(rec: dict) -> Report:
 
     # promise 9: the journal in order; one terminal event per settled run, matching it
     terminal: dict[str, list[str]] = defaultdict(list)
+    everywhere = Counter(e["cursor"] for evs in journals.values() for e in evs)
+    for cursor, n in everywhere.items():
+        if n > 1:  # a versionstamp is never reused, not across conversations nor across restarts
+            rep.add("journal_order", f"position {cursor} used {n} times")
     for conv, evs in journals.items():
         cursors = [e["cursor"] for e in evs]
         for a, b in itertools.pairwise(cursors):
@@ -840,8 +874,14 @@ def soak_many(cfgs: list[ChaosConfig], workdirs: list[Path]) -> list[tuple[dict,
 
 
 def command(cfg: ChaosConfig) -> str:
-    kills = f" --kills {cfg.kills}" if cfg.kills is not None else ""
-    return f"python tests/server/chaos.py --seconds {cfg.seconds:g} --seed {cfg.seed}{kills}"
+    """The command line that replays ``cfg``'s plan (its options that differ from the defaults)."""
+    out = f"python tests/server/chaos.py --seconds {cfg.seconds:g} --seed {cfg.seed}"
+    base = ChaosConfig()
+    for name in ("kills", "clients", "followers", "conversations", "ticks", "tick_seconds", "lease_seconds",
+                 "segment_bytes"):
+        if getattr(cfg, name) != getattr(base, name):
+            out += f" --{name.replace('_', '-')} {getattr(cfg, name):g}"
+    return out
 
 
 def summary(rep: Report) -> str:
@@ -869,13 +909,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--followers", type=int, default=6)
     p.add_argument("--conversations", type=int, default=4)
+    p.add_argument("--ticks", type=int, default=ChaosConfig.ticks, help="tool calls per turn")
+    p.add_argument("--tick-seconds", type=float, default=ChaosConfig.tick_seconds, help="each tool call's sleep")
+    p.add_argument("--lease-seconds", type=float, default=ChaosConfig.lease_seconds)
+    p.add_argument("--segment-bytes", type=int, default=ChaosConfig.segment_bytes, help="the log's segment size")
     p.add_argument("--record", type=Path, default=None, help="write the record (JSON) here")
     p.add_argument("--workdir", type=Path, default=None, help="keep the data directory and server log here")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
     cfg = ChaosConfig(seed=seed, seconds=args.seconds, kills=args.kills, clients=args.clients,
-                      followers=args.followers, conversations=args.conversations, progress=not args.quiet)
+                      followers=args.followers, conversations=args.conversations, ticks=args.ticks,
+                      tick_seconds=args.tick_seconds, lease_seconds=args.lease_seconds,
+                      segment_bytes=args.segment_bytes, progress=not args.quiet)
     rec, rep = soak(cfg, args.workdir)
     if args.record:
         args.record.write_text(json.dumps(rec))

@@ -147,6 +147,13 @@ def journal_reordered(rec: dict) -> None:
     j[5], j[6] = j[6], j[5]
 
 
+def position_reused(rec: dict) -> None:
+    # a versionstamp reused after a restart, in another conversation
+    a, b = sorted(rec["journals"].values(), key=len)[-2:]
+    a.append({**a[-1], "cursor": b[-1]["cursor"]})
+    a.sort(key=lambda e: e["cursor"])
+
+
 def terminal_twice(rec: dict) -> None:
     j = max(rec["journals"].values(), key=len)
     j.append(dict(next(e for e in j if e["type"] == "run.completed")))
@@ -195,6 +202,7 @@ BITES: list[tuple[Callable[[dict], None], str]] = [
     (uncancelled_run_cancelled, "ack_settled"),
     (user_message_dropped, "ack_in_transcript"),
     (journal_reordered, "journal_order"),
+    (position_reused, "journal_order"),
     (terminal_twice, "settled_once"),
     (call_answered_twice, "transcript_well_formed"),
     (server_error, "server_error"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -68,6 +69,8 @@ MIN_WORK = (1.0, 3.0)
 #: Longest a (re)started server may take to answer /readyz (imports on a loaded 2-core box are slow).
 START_TIMEOUT = 60.0
 MAX_PAGE = 1_000  # server.limits.MAX_PAGE
+#: Seconds of soak per conversation (ChaosConfig.conversations), to stay clear of journal retention.
+CONVERSATION_SECONDS = 150.0
 
 #: The violations :func:`check` reports, by name, with the promise each one breaks.
 VIOLATIONS = {
@@ -95,9 +98,9 @@ class ChaosConfig:
     seconds: float = 20.0          # the chaos phase (kills spread over it); quiescence comes after
     kills: int | None = None       # how many kills; None: one per ~`kill_every` seconds (restarts included)
     kill_every: float = 30.0
-    conversations: int = 4
+    conversations: int = 0         # 0: one per CONVERSATION_SECONDS of soak, at least 4 (see below)
     clients: int = 3
-    followers: int = 6             # one per conversation from the start, the rest from an ack's cursor
+    followers: int = 0             # 0: one per conversation from its start, two more from an ack's cursor
     ticks: int = 3
     tick_seconds: float = 0.12
     lease_seconds: float = 3.0
@@ -105,6 +108,16 @@ class ChaosConfig:
     max_outstanding: int = 3       # unsettled runs per client before it waits
     settle_timeout: float = 120.0
     progress: bool = False
+
+    def __post_init__(self) -> None:
+        # A conversation's journal keeps its last 20,000 events (promise 9's retention); a follower
+        # from the start of a trimmed journal is rightly told it fell behind, which this checker
+        # does not model. At this soak's rate (40-90 events/s in all) a conversation per 150 s keeps
+        # each one well under that.
+        if not self.conversations:
+            self.conversations = max(4, math.ceil(self.seconds / CONVERSATION_SECONDS))
+        if not self.followers:
+            self.followers = self.conversations + 2
 
     def planned_kills(self) -> int:
         return self.kills if self.kills is not None else max(1, round(self.seconds / self.kill_every))
@@ -833,6 +846,7 @@ def _stats(rec: dict, extra: dict) -> dict:
         "follower_connects": sum(f["connects"] for f in rec.get("followers", [])),
         "follower_resumes": sum(f.get("resumed", 0) for f in rec.get("followers", [])),
         "journal_events": sum(len(j) for j in rec.get("journals", {}).values()),
+        "longest_journal": max((len(j) for j in rec.get("journals", {}).values()), default=0),
         **extra,
     }
 
@@ -876,7 +890,7 @@ def soak_many(cfgs: list[ChaosConfig], workdirs: list[Path]) -> list[tuple[dict,
 def command(cfg: ChaosConfig) -> str:
     """The command line that replays ``cfg``'s plan (its options that differ from the defaults)."""
     out = f"python tests/server/chaos.py --seconds {cfg.seconds:g} --seed {cfg.seed}"
-    base = ChaosConfig()
+    base = ChaosConfig(seconds=cfg.seconds)
     for name in ("kills", "clients", "followers", "conversations", "ticks", "tick_seconds", "lease_seconds",
                  "segment_bytes"):
         if getattr(cfg, name) != getattr(base, name):
@@ -907,8 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
     p.add_argument("--kills", type=int, default=None, help="default: one per ~30 s")
     p.add_argument("--clients", type=int, default=3)
-    p.add_argument("--followers", type=int, default=6)
-    p.add_argument("--conversations", type=int, default=4)
+    p.add_argument("--followers", type=int, default=0, help="default: one per conversation, plus two")
+    p.add_argument("--conversations", type=int, default=0, help="default: 4, or one per 150 s of soak")
     p.add_argument("--ticks", type=int, default=ChaosConfig.ticks, help="tool calls per turn")
     p.add_argument("--tick-seconds", type=float, default=ChaosConfig.tick_seconds, help="each tool call's sleep")
     p.add_argument("--lease-seconds", type=float, default=ChaosConfig.lease_seconds)

@@ -60,8 +60,9 @@ SETTLED = ("completed", "failed", "cancelled")
 #: How a kill is timed. Every soak with two kills or more has the first two. ``at_ready``: as soon
 #: as a restarted server answers /readyz, while it re-claims and recovers the runs the last kill cut.
 #: ``mid_start``: the server is killed, restarted, and killed again before it answers (in its log
-#: replay, its checkpoint at open, its first claims...); it counts as one kill.
-KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere", "at_ready", "mid_start")
+#: replay, its checkpoint at open, its first claims...); it counts as one kill. ``mid_term``: SIGTERM,
+#: then SIGKILL within a second, in the graceful shutdown (streams closing, leases being released).
+KILL_MODES = ("mid_tool", "after_submit", "mid_stream", "anywhere", "at_ready", "mid_start", "mid_term")
 #: Longest wait for a kill's moment before killing anyway (mode recorded as ``<mode>:timeout``).
 TRIGGER_TIMEOUT = 6.0
 #: Seconds of work (range) a restarted server gets before the next kill, however late the plan runs.
@@ -177,11 +178,11 @@ class Server:
                     await trio.sleep(0.05)
         self.up.set()
 
-    def kill(self) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
         if self.up.is_set():  # a server killed while starting was never up: keep the event its waiters hold
             self.up = trio.Event()
-        self.proc.send_signal(signal.SIGKILL)
+        self.proc.send_signal(sig)
 
     async def wait_dead(self) -> None:
         assert self.proc is not None
@@ -463,6 +464,11 @@ class Driver:
                     await self.frame_seen.wait()
             if scope.cancelled_caught:
                 how = f"{mode}:timeout"
+            if mode == "mid_term":
+                self.server.kill(signal.SIGTERM)
+                await trio.sleep(rng.uniform(0, 1.0))
+                if self.server.proc is not None and self.server.proc.poll() is not None:
+                    how += ":clean" if self.server.proc.returncode == 0 else f":exit {self.server.proc.returncode}"
             if mode == "mid_start":
                 # kill the server, start another and kill that one before it answers: somewhere in its
                 # imports, its log replay and checkpoint at open, or its first claims

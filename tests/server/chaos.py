@@ -866,13 +866,33 @@ async def run_chaos(cfg: ChaosConfig, workdir: Path) -> dict:
     return await Driver(cfg, Server(workdir, cfg)).run()
 
 
+async def run_chaos_until_signalled(cfg: ChaosConfig, workdir: Path) -> dict | None:
+    """:func:`run_chaos`, stopped by SIGTERM/SIGINT (None) with its server stopped too — a soak run
+    in the background must not leave an orphaned server holding its port and directory."""
+    out: dict[str, dict] = {}
+    async with trio.open_nursery() as nursery:
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()  # Driver.run's finally stops the server, shielded
+                    return
+
+        nursery.start_soon(watch)
+        out["rec"] = await run_chaos(cfg, workdir)
+        nursery.cancel_scope.cancel()
+    return out.get("rec")
+
+
 def soak(cfg: ChaosConfig, workdir: Path | None = None) -> tuple[dict, Report]:
-    """Run one soak (in a fresh temporary directory unless given) and check it."""
+    """Run one soak (in a fresh temporary directory unless given) and check it; KeyboardInterrupt
+    when a signal stopped it."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="surefoot-chaos-") as tmp:
-            rec = trio.run(run_chaos, cfg, Path(tmp))
+            rec = trio.run(run_chaos_until_signalled, cfg, Path(tmp))
     else:
-        rec = trio.run(run_chaos, cfg, workdir)
+        rec = trio.run(run_chaos_until_signalled, cfg, workdir)
+    if rec is None:
+        raise KeyboardInterrupt
     return rec, check(rec)
 
 
@@ -942,7 +962,11 @@ def main(argv: list[str] | None = None) -> int:
                       followers=args.followers, conversations=args.conversations, ticks=args.ticks,
                       tick_seconds=args.tick_seconds, lease_seconds=args.lease_seconds,
                       segment_bytes=args.segment_bytes, progress=not args.quiet)
-    rec, rep = soak(cfg, args.workdir)
+    try:
+        rec, rep = soak(cfg, args.workdir)
+    except KeyboardInterrupt:
+        print(f"chaos seed {seed}: stopped by a signal", file=sys.stderr)
+        return 130
     if args.record:
         args.record.write_text(json.dumps(rec))
     print(summary(rep))

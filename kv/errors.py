@@ -24,10 +24,13 @@ ERROR_NAMES: dict[int, str] = {
     1037: "process_behind",
     1038: "database_locked",
     1039: "cluster_version_changed",
-    1042: "proxy_memory_limit_exceeded",
+    1042: "commit_proxy_memory_limit_exceeded",
     1051: "batch_transaction_throttled",
+    1078: "grv_proxy_memory_limit_exceeded",
     1101: "operation_cancelled",
     1213: "tag_throttled",
+    1223: "proxy_tag_throttled",
+    1235: "transaction_throttled_hot_shard",
     2000: "client_invalid_operation",
     2004: "key_outside_legal_range",
     2005: "inverted_range",
@@ -42,7 +45,7 @@ ERROR_NAMES: dict[int, str] = {
 }
 
 # on_error resets and retries these; the transaction certainly did not commit.
-RETRYABLE_NOT_COMMITTED = frozenset({1007, 1009, 1020, 1037, 1038, 1042, 1051, 1213})
+RETRYABLE_NOT_COMMITTED = frozenset({1007, 1009, 1020, 1037, 1038, 1042, 1051, 1078, 1213, 1223, 1235})
 # on_error also retries these, but the transaction may have committed: code
 # that can see them must be idempotent (see fdb-semantics.md, "The 1021 guarantee").
 MAYBE_COMMITTED = frozenset({1021, 1039})

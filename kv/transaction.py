@@ -306,6 +306,7 @@ class Transaction:
         self._size = 0
         self._next_write_no_conflict = False
         self._committing = False
+        self._commit_tried = False  # commit() reached the pipeline (until reset/on_error)
         self._committed_version: int | None = None
         self._cancelled = False
         self._watches: list[Watch] = []
@@ -639,7 +640,15 @@ class Transaction:
 
     def clear(self, key: bytes) -> None:
         self._check_usable()
-        _check_write_key(key)
+        if not isinstance(key, (bytes, bytearray)):
+            raise TypeError(f"keys are bytes, not {type(key).__name__}")
+        if key >= SYSTEM_KEY_PREFIX:
+            raise KVError(2004, "keys at or above \\xff are outside the legal range")
+        if len(key) > KEY_SIZE_LIMIT:
+            # No such key can exist, so there is nothing to clear and nothing to conflict on:
+            # FoundationDB's ReadYourWritesTransaction::clear returns before writing anything
+            # (getMaxClearKeySize: "keys larger than this will be assumed not to exist").
+            return
         key = bytes(key)
         self._writes[key] = (_CLEAR, None)
         self._mutations.append(("clear", key, key_after(key)))
@@ -793,8 +802,15 @@ class Transaction:
         return w
 
     def get_versionstamp(self) -> _Deferred:
-        """Awaitable 10-byte versionstamp of this transaction, ready after commit."""
+        """Awaitable 10-byte versionstamp of this transaction, ready after commit.
+
+        Ask before commit(): a first request once the commit has been handed over would never
+        be answered, so it is refused with used_during_commit (2017), as FoundationDB's
+        ReadYourWritesTransaction answers it (checkUsedDuringCommit), until reset/on_error.
+        """
         if self._versionstamp is None:
+            if self._commit_tried or self._committed_version is not None:
+                raise KVError(2017, "get_versionstamp() must be called before commit()")
             self._versionstamp = _Deferred()
         return self._versionstamp
 
@@ -839,7 +855,7 @@ class Transaction:
         if self._snap is not None:  # release the storage snapshot before waiting
             self._snap.close()
             self._snap = None
-        self._committing = True
+        self._committing = self._commit_tried = True
         try:
             await engine.commit(req)
         except BaseException as exc:

@@ -125,7 +125,8 @@ def clearer(*keys: bytes):
 FDB_ENV = "SUREFOOT_FDB_CLUSTER_FILE"
 BACKENDS = ("memory", "lmdb", "fdb")
 EMBEDDED = ("memory", "lmdb")
-FDB_SKIP_REASON = f"{FDB_ENV} is not set: FoundationDB backend not under test"
+FDB_SKIP_REASON = (f"{FDB_ENV} is not set: FoundationDB backend not under test (set it to a cluster file, with "
+                   "libfdb_c from foundationdb-clients installed; the suite wipes that cluster's keyspace)")
 
 
 class Clock:

@@ -664,6 +664,32 @@ async def test_versionstamp_of_read_only_transaction_errors(db):
         await vs
 
 
+async def test_versionstamp_first_asked_after_commit_is_refused_not_left_pending(db):
+    # FoundationDB answers used_during_commit (2017) once a commit started, until reset; an
+    # awaitable nobody will ever set would hang the caller forever.
+    tr = db.create_transaction()
+    tr.set(b"vs-late", b"1")
+    await tr.commit()
+    with raises_code(2017):
+        tr.get_versionstamp()
+    # a failed commit too, until on_error resets the transaction
+    tr3 = db.create_transaction()
+    await tr3.get(b"vs-late")
+    tr4 = db.create_transaction()
+    tr4.set(b"vs-late", b"3")
+    await tr4.commit()
+    tr3.set(b"vs-late", b"4")
+    with raises_code(1020) as err:
+        await tr3.commit()
+    with raises_code(2017):
+        tr3.get_versionstamp()
+    await tr3.on_error(err.value)
+    tr3.set(b"vs-late", b"5")
+    vs = tr3.get_versionstamp()
+    await tr3.commit()
+    assert len(await vs) == 10
+
+
 async def test_concurrent_commits_get_batch_order_suffix(db, backend):
     stamps: dict[int, bytes] = {}
 
@@ -792,8 +818,11 @@ async def test_key_and_value_size_limits_raise_at_once(db):
         tr.add(b"k" * (kv.limits.KEY_SIZE_LIMIT + 1), le64(1))
     with raises_code(2103):
         tr.append_if_fits(b"k", b"v" * (kv.limits.VALUE_SIZE_LIMIT + 1))
-    # a too-large key cannot exist: reading it answers None
+    # a too-large key cannot exist: reading it answers None, clearing it does nothing
     assert await tr.get(b"q" * (kv.limits.KEY_SIZE_LIMIT + 1)) is None
+    tr.clear(b"q" * (kv.limits.KEY_SIZE_LIMIT + 1))
+    with raises_code(2004):
+        tr.clear(b"\xff" + b"q" * kv.limits.KEY_SIZE_LIMIT)  # the legal range is checked first
     await tr.commit()
     assert len(await read(db, b"big")) == kv.limits.VALUE_SIZE_LIMIT
     assert await read(db, b"k" * kv.limits.KEY_SIZE_LIMIT) == b"v"
@@ -971,6 +1000,20 @@ async def test_on_error_resets_for_retryable_errors(db):
     assert await tr.get(b"k") == b"stored"  # own writes forgotten
     await tr.commit()
     assert await read(db, b"k") == b"stored"
+
+
+# fdb_error_predicate(RETRYABLE_NOT_COMMITTED) in bindings/c/fdb_c.cpp, names from error_definitions.h
+@pytest.mark.parametrize("code,name", [
+    (1042, "commit_proxy_memory_limit_exceeded"), (1078, "grv_proxy_memory_limit_exceeded"),
+    (1223, "proxy_tag_throttled"), (1235, "transaction_throttled_hot_shard"), (1213, "tag_throttled"),
+])
+async def test_cluster_overload_errors_are_retryable_not_committed(db, code, name):
+    err = KVError(code)
+    assert (err.name, err.retryable, err.maybe_committed) == (name, True, False)
+    tr = db.create_transaction()
+    tr.set(b"k", b"mine")
+    await tr.on_error(err)  # backs off and resets, as libfdb_c's on_error does
+    assert await tr.get(b"k") is None
 
 
 @pytest.mark.parametrize("code", [1025, 1031, 2000, 2004, 2005, 2017, 2101, 2102, 2103])

@@ -313,9 +313,10 @@ async def test_the_compaction_summariser_is_clamped_too(fake_server):
 
 
 def test_the_input_estimate_counts_the_reasoning_passed_back_in_the_turn_under_way():
-    """Anthropic bills the thinking blocks of the tool-use loop under way as input (they are
-    passed back), not earlier turns' (dropped from the context): the pre-flight estimate the
-    ceilings are checked against counts exactly those, text and redacted data."""
+    """The older rule, ``estimate_context_tokens``'s default (``prior_reasoning=False``): only the
+    thinking blocks of the tool-use loop under way count as input (models that keep only the
+    last turn strip earlier turns'), text and redacted data. The runner counts every turn's
+    reasoning unless its provider says it strips them (see test_context_estimate.py)."""
     def answer(reasoning: str, redacted: str, *calls: dict[str, Any]) -> dict[str, Any]:
         return {"role": "assistant", "content": [
             {"type": "thinking", "thinking": reasoning, "signature": "S" * 300},

@@ -84,7 +84,8 @@ VIOLATIONS = {
     "one_run_per_key": "promise 1: one Idempotency-Key gave two runs, or its settled re-send another answer",
     "key_conflict_409": "promise 1: a key reused with a different body was not refused 409",
     "tool_at_most_once": "promise 3: a tool call's effect was recorded more than once",
-    "interrupted_result": "promise 3: a call whose effect is recorded lacks its result or an `interrupted` one",
+    "interrupted_result": "promise 3: a call whose effect is recorded lacks its result or an `interrupted` one, "
+                          "or a call has the tool's own result with no effect recorded",
     "transcript_well_formed": "promise 2: a tool call without exactly one result after it, or a result without a call",
     "journal_order": "promise 9: journal positions not strictly increasing, or one used twice",
     "settled_once": "promise 9: a run's terminal event missing, repeated, or contradicting its status",
@@ -778,6 +779,10 @@ def check(rec: dict) -> Report:
             interrupted_with_effect += 1
         elif r.get("is_error") or not str(r.get("content", "")).startswith("ok "):
             rep.add("interrupted_result", f"{conv} call {cid} ran; its result is {r}")
+    for (conv, cid), rs in results.items():
+        if (conv, cid) not in seen_calls and any(not r.get("is_error") for r in rs):
+            rep.add("interrupted_result", f"{conv} call {cid} has the tool's result {rs[0].get('content')!r} "
+                                          f"but no effect was recorded")
 
     # promise 9: the journal in order; one terminal event per settled run, matching it
     terminal: dict[str, list[str]] = defaultdict(list)

@@ -112,6 +112,13 @@ def effect_with_wrong_result(rec: dict) -> None:
     rec["transcripts"][conv][i]["content"][j] = {**part, "reason": "cancelled"}
 
 
+def effect_missing(rec: dict) -> None:
+    # a call answered with the tool's own result, though the tool never ran (no effect)
+    ok = {(conv, p["call_id"]) for conv, msgs in rec["transcripts"].items() for m in msgs
+          for p in m.get("content") or [] if p.get("type") == "tool_result" and not p.get("is_error")}
+    rec["effects"].remove(next(e for e in rec["effects"] if (e[3], e[1]) in ok))
+
+
 def two_runs_for_a_key(rec: dict) -> None:
     s = next(s for s in rec["submissions"] if s["acks"])
     s["acks"].append({**s["acks"][0], "run_id": "f" * 32})
@@ -194,6 +201,7 @@ BITES: list[tuple[Callable[[dict], None], str]] = [
     (interrupted_result_lost, "transcript_well_formed"),
     (interrupted_result_rerun, "tool_at_most_once"),
     (effect_with_wrong_result, "interrupted_result"),
+    (effect_missing, "interrupted_result"),
     (two_runs_for_a_key, "one_run_per_key"),
     (settled_resend_new_run, "one_run_per_key"),
     (phantom_run, "one_run_per_key"),

@@ -105,6 +105,21 @@ def _non_negative_int(text: str) -> int:
     return n
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero (a lease of 0 or less, or NaN,
+    would let every worker take over every run at once)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 < x < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text}")
+    return x
+
+
+LEASE_OPTION_HELP = "lease length in seconds (default 10): how long a killed process's run waits before another takes it over"
+
+
 # ---------------------------------------------------------------------- model options
 #
 # The provider options a spec string cannot carry (loop.providers: a spec names a model and
@@ -314,8 +329,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-tools", action="store_true", help="no demo tools")
     p.add_argument("--yes", action="store_true", help="approve every approval request without asking")
     p.add_argument("--json", action="store_true", help="print journal events as JSON lines")
-    p.add_argument("--lease-seconds", type=float, default=None,
-                   help="lease length: how long a killed process's run waits before another takes it over")
+    p.add_argument("--lease-seconds", type=positive_seconds, default=None, help=LEASE_OPTION_HELP)
     p.add_argument("--pricing", default=None, metavar="FILE", help=PRICING_OPTION_HELP)
     p.add_argument("--max-cost-micros", type=_non_negative_int, default=None, metavar="N",
                    help="cost ceiling of the new run, in micro-units of the pricing's currency: a model call "

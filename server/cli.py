@@ -67,7 +67,8 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The model options of ``surefoot run`` (``--max-tokens``, ``--thinking``...), defined and
-    checked once, in ``loop.cli``; serve applies them to its default agent."""
+    checked once, in ``loop.cli``; serve applies them to its default agent. Also ``run``'s
+    ``--lease-seconds`` (the runs' lease, checked the same way)."""
     try:
         from loop.cli import add_model_options
     except ModuleNotFoundError as e:  # the loop is not in this build (a broken import inside it is not hidden)
@@ -75,6 +76,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
             raise
         return
     add_model_options(p)
+    from loop.cli import LEASE_OPTION_HELP, positive_seconds
+
+    p.add_argument("--lease-seconds", type=positive_seconds, default=None, help=LEASE_OPTION_HELP)
 
 
 def _pricing_help() -> str:

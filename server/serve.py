@@ -151,11 +151,14 @@ async def serve_store(
     backlog: int = DEFAULT_BACKLOG,
     describe: str = "",
     pricing: Mapping[str, Any] | None = None,
+    lease_seconds: float | None = None,
 ) -> int:
     """Open ``url``, recover, run claim loops and serve until SIGTERM/SIGINT; returns the exit code.
 
     ``pricing`` is the Runtime's table (model key -> ``loop.Price``): what prices a submission's
-    ``max_cost_micros`` (a ceiling on a model without a price is refused 422)."""
+    ``max_cost_micros`` (a ceiling on a model without a price is refused 422). ``lease_seconds``:
+    the runs' lease (None: the runtime's default), i.e. how long after a SIGKILL a restarted
+    server waits before it takes the dead process's runs over."""
     from loop.runtime import Runtime
 
     shutdown = trio.Event()
@@ -167,7 +170,8 @@ async def serve_store(
     try:
         # Recovery is the Runtime's: runs whose leases lapsed (a killed process) are re-claimed, and a
         # clean exit of the block releases in-flight leases (so a restart resumes at once).
-        async with Runtime.open(db=db, workers=workers, agents=[agent], pricing=pricing) as rt:
+        async with Runtime.open(db=db, workers=workers, agents=[agent], pricing=pricing,
+                                lease_seconds=lease_seconds) as rt:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_signals, shutdown, nursery.cancel_scope)
 
@@ -195,6 +199,7 @@ async def _serve(args: argparse.Namespace, pricing: Mapping[str, Any], choice: A
     return await serve_store(
         url, authenticator=authenticator, agent=default_agent(choice.model, max_tokens=choice.max_tokens),
         workers=args.workers, host=args.host, port=args.port, backlog=args.backlog, pricing=pricing,
+        lease_seconds=getattr(args, "lease_seconds", None),
         describe=f" (auth: {args.auth}, model: {' '.join((args.model, *choice.options))}, "
                  f"workers: {args.workers}, priced models: {len(pricing)})")
 

@@ -48,11 +48,6 @@ assert TICKS >= 1 and TICK_SECONDS >= 0
 def main() -> int:
     data, port, effects = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     logging.basicConfig(level=logging.WARNING)
-    if LEASE_SECONDS:
-        # serve_store opens its Runtime without a lease length; the store takes this default.
-        import loop.store
-
-        loop.store.DEFAULT_LEASE_SECONDS = float(LEASE_SECONDS)
     if SEGMENT_BYTES:
         # kv.open constructs the store with the default segment size (a keyword-only default).
         import kv.lmdb_engine
@@ -81,7 +76,8 @@ def main() -> int:
     agent = Agent("default", "tick", ScriptedModel(script), tools=[tick])
     auth = Authenticator(AuthConfig(mode="token", token=os.environ["SUREFOOT_TOKEN"]))
     return trio.run(lambda: serve_store(f"lmdb:{data}", authenticator=auth, agent=agent, workers=4,
-                                        host="127.0.0.1", port=port))
+                                        host="127.0.0.1", port=port,
+                                        lease_seconds=float(LEASE_SECONDS) if LEASE_SECONDS else None))
 
 
 if __name__ == "__main__":

@@ -95,3 +95,34 @@ def test_serve_refusals_in_process(tmp_path, capsys):
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"surefoot serve: error: {line}"), (args, err)
         assert out == "" and not data.exists()
+
+
+def test_lease_seconds_is_checked_on_both_commands_and_reaches_serves_runtime(tmp_path, capsys, monkeypatch):
+    import server.serve as serve_mod
+
+    data = tmp_path / "data"
+    for command in ("serve", "run"):
+        for bad in ("0", "-1", "nan", "inf", "soon"):
+            try:
+                build_parser().parse_args([command, "--data", str(data), "--lease-seconds", bad, *(["hi"] if command == "run" else [])])
+            except SystemExit as e:
+                assert e.code == 2, (command, bad)
+            else:
+                raise AssertionError(f"{command} --lease-seconds {bad} was accepted")
+            err = capsys.readouterr().err
+            assert "argument --lease-seconds:" in err and ("positive number of seconds" in err or "not a number" in err), err
+    assert not data.exists()
+
+    seen: dict = {}
+
+    async def fake_serve_store(url, **kw):
+        seen.update(kw, url=url)
+        return 0
+
+    monkeypatch.setattr(serve_mod, "serve_store", fake_serve_store)
+    parsed = build_parser().parse_args(["serve", "--data", str(data), "--port", str(free_port()), "--lease-seconds", "2.5"])
+    assert parsed.func(parsed) == 0
+    assert seen["lease_seconds"] == 2.5 and seen["url"] == f"lmdb:{data}"
+    parsed = build_parser().parse_args(["serve", "--data", str(data), "--port", str(free_port())])
+    assert parsed.func(parsed) == 0
+    assert seen["lease_seconds"] is None  # the runtime's default

@@ -53,7 +53,7 @@ from .errors import LoopError, MissingPrice
 from .pricing import Price, check_pricing, model_label, price_for
 from .providers import Provider, make_provider
 from .runner import LeaseKeeper, Runner
-from .store import Claim, Store
+from .store import Claim, Store, check_lease_seconds
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,9 @@ class Runtime:
         ``db`` passes an already-open kv database instead of a url (not closed on exit).
         """
         assert 0 <= workers <= MAX_WORKERS
+        # Bad arguments are refused before storage is opened (which would create a data directory).
+        check_lease_seconds(kw.get("lease_seconds"))
+        check_pricing(kw.get("pricing"))
         own_db = db is None
         if db is None:
             db = await kv.open(url)

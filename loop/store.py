@@ -125,6 +125,14 @@ def on_claimed_plain(store: "Store") -> Callable[[Any, L.Lease], Awaitable[Claim
     return on_claimed
 
 
+def check_lease_seconds(lease_seconds: float | None) -> None:
+    """ValueError unless ``lease_seconds`` is None (the default) or a finite number above 0: a
+    lease of 0 or less (or NaN) would let every claim loop take every live run over at once."""
+    if lease_seconds is not None and not (isinstance(lease_seconds, (int, float))
+                                          and 0 < lease_seconds < float("inf")):
+        raise ValueError(f"lease_seconds must be a positive number of seconds, not {lease_seconds!r}")
+
+
 class Store:
     LeaseLost: type[Exception] = L.LeaseLost
 
@@ -141,6 +149,7 @@ class Store:
         self.db = db
         self.root = root if root is not None else kv.Subspace((b"surefoot",))
         self.clock = clock
+        check_lease_seconds(lease_seconds)
         self.lease_seconds = lease_seconds or DEFAULT_LEASE_SECONDS
         self.max_attempts = max_attempts or L.DEFAULT_MAX_ATTEMPTS
         jkw = {} if journal_retention is None else {"retention": journal_retention}

@@ -765,3 +765,17 @@ async def test_the_parked_record_lives_exactly_while_a_call_awaits_approval(rt):
     plain = await rt.run(Agent("np", model="echo"), "pk3", "hi")
     assert not may_be_parked(await rt.store.loop_state(plain.run_id))
     assert await parked_ids() == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.5, float("nan"), float("inf"), "10"])
+async def test_a_bad_lease_or_pricing_is_refused_before_storage_is_opened(tmp_path, bad):
+    data = tmp_path / "data"
+    with pytest.raises(ValueError, match="lease_seconds must be a positive number of seconds"):
+        async with Runtime.open(str(data), lease_seconds=bad):
+            pass
+    with pytest.raises(ValueError, match="pricing"):
+        async with Runtime.open(str(data), pricing={"echo": "free"}):
+            pass
+    assert not data.exists()  # nothing created, nothing locked
+    async with Runtime.open(str(data), lease_seconds=0.5) as rt:
+        assert rt.store.lease_seconds == 0.5

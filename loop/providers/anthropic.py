@@ -205,7 +205,7 @@ class AnthropicProvider(HTTPProvider):
     def __init__(
         self, model: str, *, base_url: str | None = None, thinking_budget: int | None = None,
         interleaved_thinking: bool = False, thinking: str | None = None, effort: str | None = None,
-        thinking_display: str | None = None, **kw: Any,
+        thinking_display: str | None = None, strips_prior_thinking: bool = False, **kw: Any,
     ) -> None:
         """``thinking_budget``: enable extended thinking with this many ``budget_tokens``
         (an int >= :data:`MIN_THINKING_BUDGET`, below ``max_tokens`` unless interleaved;
@@ -220,11 +220,20 @@ class AnthropicProvider(HTTPProvider):
         ``interleaved_thinking=True`` is refused with it. ``thinking_display``: "summarized" or
         "omitted" (adaptive only; None sends no ``display``: the model's default, "omitted" on
         Opus 4.7+). ``effort``: one of :data:`EFFORT_LEVELS`, sent as ``output_config.effort``,
-        with any thinking mode or none."""
+        with any thinking mode or none.
+
+        ``strips_prior_thinking``: this model keeps only the last turn's reasoning in context
+        (the extended-thinking page's "last turn only" models: Opus and Sonnet before 4.5 / 4.6,
+        Haiku through 4.5), so usage ceilings do not reserve input for earlier turns' reasoning.
+        False (the default) reserves it, as the "keep all prior turns" models bill it: an
+        over-estimate on an older model, never an under-estimate on a newer one."""
         import os
 
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_BASE_URL
         super().__init__(model, base_url=base, **kw)
+        if not isinstance(strips_prior_thinking, bool):
+            raise ValueError(f"strips_prior_thinking must be a bool, not {type(strips_prior_thinking).__name__}")
+        self.strips_prior_thinking = strips_prior_thinking  # (read by the runner's usage reserve)
         if not isinstance(interleaved_thinking, bool):
             raise ValueError(f"interleaved_thinking must be a bool, not {type(interleaved_thinking).__name__}")
         if thinking is not None and thinking not in THINKING_MODES:

@@ -287,9 +287,8 @@ async def test_earlier_turns_reasoning_is_reserved_unless_the_provider_strips_it
             ThinkingReply("Sunny.", thinking=[("omitted_thinking", SIG2)], output_tokens=5),
             FakeReply("Yes.", output_tokens=2),
         )
-        provider = anthropic(server, thinking="adaptive", max_tokens=8000)
-        if strips is not None:
-            provider.strips_prior_thinking = strips  # type: ignore[attr-defined]
+        kw = {} if strips is None else {"strips_prior_thinking": strips}
+        provider = anthropic(server, thinking="adaptive", max_tokens=8000, **kw)
         agent = Agent("w", "Be brief.", provider, tools=[lookup], retry=NO_WAIT)
         async with Runtime.open("memory:") as rt:
             assert (await rt.run(agent, "c", "weather in Oslo?")).ok
@@ -301,3 +300,10 @@ async def test_earlier_turns_reasoning_is_reserved_unless_the_provider_strips_it
     assert await second_turn_clamp(False) == kept
     stripped = await second_turn_clamp(True)
     assert stripped - kept == 1500 + 5  # both earlier steps' reasoning: their recorded output
+
+
+async def test_strips_prior_thinking_is_a_bool_option_of_the_anthropic_provider(server):
+    assert anthropic(server).strips_prior_thinking is False
+    assert anthropic(server, strips_prior_thinking=True).strips_prior_thinking is True
+    with pytest.raises(ValueError, match="strips_prior_thinking must be a bool"):
+        anthropic(server, strips_prior_thinking="yes")

@@ -30,7 +30,7 @@ import datetime as _dt
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import trio
 
@@ -95,14 +95,21 @@ def _url(args: argparse.Namespace) -> str:
     return f"lmdb:{args.data or DEFAULT_DATA_DIR}"
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {n}")
-    return n
+def _int_at_least(minimum: int, why: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (``why`` completes "must ..." otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must {why}, not {n}")
+        return n
+    return parse
+
+
+_non_negative_int = _int_at_least(0, "not be negative")
+_positive_int = _int_at_least(1, "be a positive integer")
 
 
 def positive_seconds(text: str) -> float:
@@ -146,16 +153,6 @@ class ModelOptionError(ValueError):
     def __init__(self, option: str, why: str) -> None:
         super().__init__(f"argument {option}: {why}")
         self.option = option
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {n}")
-    return n
 
 
 def _thinking_value(text: str) -> str | int:

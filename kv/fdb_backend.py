@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, 
 import trio
 
 from .errors import KVError
-from .limits import KEY_SIZE_LIMIT, SYSTEM_KEY_PREFIX, TRANSACTION_SIZE_LIMIT, VALUE_SIZE_LIMIT
+from .limits import KEY_SIZE_LIMIT, SYSTEM_KEY_PREFIX, VALUE_SIZE_LIMIT, check_size_limit
 from .selectors import KeySelector
 
 __all__ = [
@@ -85,7 +85,6 @@ _COMMIT_UNKNOWN_RESULT = 1021
 _TRANSACTION_CANCELLED = 1025
 _OPERATION_CANCELLED = 1101
 _CLIENT_INVALID_OPERATION = 2000
-_INVALID_OPTION_VALUE = 2006
 _USED_DURING_COMMIT = 2017
 _KEY_OUTSIDE_LEGAL_RANGE = 2004
 _INVERTED_RANGE = 2005
@@ -402,9 +401,7 @@ class _Options:
         self._set("set_max_retry_delay", int(ms))
 
     def set_size_limit(self, nbytes: int) -> None:
-        if not 32 <= nbytes <= TRANSACTION_SIZE_LIMIT:
-            raise KVError(_INVALID_OPTION_VALUE, "size_limit must be in [32, 10,000,000]")
-        self._set("set_size_limit", int(nbytes))
+        self._set("set_size_limit", check_size_limit(nbytes))
 
     def set_next_write_no_write_conflict_range(self) -> None:
         self._set("set_next_write_no_write_conflict_range")

@@ -30,6 +30,7 @@ from .limits import (
     SYSTEM_KEY_PREFIX,
     TRANSACTION_SIZE_LIMIT,
     VALUE_SIZE_LIMIT,
+    check_size_limit,
 )
 from .resolver import key_after
 from .selectors import KeySelector
@@ -94,9 +95,7 @@ class TransactionOptions:
         self._tr._next_write_no_conflict = True
 
     def set_size_limit(self, nbytes: int) -> None:
-        if not 32 <= nbytes <= TRANSACTION_SIZE_LIMIT:
-            raise KVError(2006, "size_limit must be in [32, 10,000,000]")
-        self._tr._size_limit = nbytes
+        self._tr._size_limit = check_size_limit(nbytes)
 
 
 def _check_write_key(key: bytes) -> None:

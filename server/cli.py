@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -65,30 +66,31 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
+def _optional_module(name: str) -> Any:
+    """``importlib.import_module(name)``, or None when that module (or its package) is not in
+    this build; a broken import inside it is not hidden."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name not in (name, name.split(".")[0]):
+            raise
+        return None
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The model options of ``surefoot run`` (``--max-tokens``, ``--thinking``...), defined and
     checked once, in ``loop.cli``; serve applies them to its default agent. Also ``run``'s
     ``--lease-seconds`` (the runs' lease, checked the same way)."""
-    try:
-        from loop.cli import add_model_options
-    except ModuleNotFoundError as e:  # the loop is not in this build (a broken import inside it is not hidden)
-        if e.name not in ("loop", "loop.cli"):
-            raise
+    cli = _optional_module("loop.cli")
+    if cli is None:
         return
-    add_model_options(p)
-    from loop.cli import LEASE_OPTION_HELP, positive_seconds
-
-    p.add_argument("--lease-seconds", type=positive_seconds, default=None, help=LEASE_OPTION_HELP)
+    cli.add_model_options(p)
+    p.add_argument("--lease-seconds", type=cli.positive_seconds, default=None, help=cli.LEASE_OPTION_HELP)
 
 
 def _pricing_help() -> str:
-    try:
-        from loop.pricing import PRICING_OPTION_HELP
-    except ModuleNotFoundError as e:  # the loop is not in this build (a broken import inside it is not hidden)
-        if e.name not in ("loop", "loop.pricing"):
-            raise
-        return "JSON file of model prices (see loop.pricing)"
-    return PRICING_OPTION_HELP
+    pricing = _optional_module("loop.pricing")
+    return pricing.PRICING_OPTION_HELP if pricing is not None else "JSON file of model prices (see loop.pricing)"
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -142,12 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kv_bench(subparsers)
     missing: list[str] = []
     for name in PLUGIN_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            # Only "that module isn't written yet" is tolerated; a broken import inside it is not hidden.
-            if e.name not in (name, name.split(".")[0]):
-                raise
+        module = _optional_module(name)
+        if module is None:
             missing.append(name)
             continue
         add = getattr(module, "add_commands", None)

@@ -584,3 +584,17 @@ def lookup_tool(calls: list[str]) -> Any:
         return f"{city}: sunny"
 
     return lookup
+
+
+def anthropic_provider(server: Any, model: str = "claude-test", **kw: Any) -> Any:
+    """An ``AnthropicProvider`` pointed at ``server`` (a test key, no timeout), with ``kw``."""
+    from loop.providers import AnthropicProvider
+
+    return AnthropicProvider(model, base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+
+
+def openai_provider(server: Any, model: str = "gpt-test", **kw: Any) -> Any:
+    """An ``OpenAIProvider`` pointed at ``server``'s ``/v1`` (a test key, no timeout), with ``kw``."""
+    from loop.providers import OpenAIProvider
+
+    return OpenAIProvider(model, base_url=server.base_url + "/v1", api_key="sk-test", timeout=None, **kw)

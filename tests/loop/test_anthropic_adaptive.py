@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fake_providers import SIG, FakeReply, ThinkingReply, budgeted_thinking_unsupported, lookup_tool
+from fake_providers import anthropic_provider, SIG, FakeReply, ThinkingReply, budgeted_thinking_unsupported, lookup_tool
 from loop import Agent, Runtime
 from loop import messages as M
 from loop.errors import PermanentProviderError
@@ -31,7 +31,7 @@ SIG4 = "EpoBCkYIBRgCIkDfourth+omitted+final/answer=="
 
 
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider("claude-opus-4-7-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+    return anthropic_provider(server, "claude-opus-4-7-test", **kw)
 
 
 # ---------------------------------------------------------------------- the request body

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fake_providers import REDACTED, SIG, FakeReply, ThinkingReply, lookup_tool
+from fake_providers import anthropic_provider, REDACTED, SIG, FakeReply, ThinkingReply, lookup_tool
 from loop import Agent, Runtime
 from loop import messages as M
 from loop.errors import PermanentProviderError
@@ -34,7 +34,7 @@ AFTER = "Both looked up; compare them."
 
 
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider("claude-sonnet-4-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+    return anthropic_provider(server, "claude-sonnet-4-test", **kw)
 
 
 # ---------------------------------------------------------------------- the header

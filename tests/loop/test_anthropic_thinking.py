@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from fake_providers import (REDACTED, SIG, FakeBreak, FakeProviderServer, FakeReply, ThinkingReply, ThinkingServer, lookup_tool,
+from fake_providers import (REDACTED, SIG, anthropic_provider, FakeBreak, FakeReply, ThinkingReply, ThinkingServer, lookup_tool,
                             _sse, anthropic_events)
 from loop import Agent, Runtime
 from loop import messages as M
@@ -35,8 +35,8 @@ from loop.stream import PartCoalescer
 TOOLS = [ToolSpec("lookup", "Look a city up.", {"type": "object", "properties": {"city": {"type": "string"}}})]
 
 
-def anthropic(server: FakeProviderServer, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider("claude-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
+    return anthropic_provider(server, **kw)
 
 
 THOUGHT = "The user wants Oslo's weather; the lookup tool answers that. Call it."

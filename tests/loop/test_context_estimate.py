@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from fake_providers import SIG, FakeReply, ThinkingReply
+from fake_providers import anthropic_provider, openai_provider, SIG, FakeReply, ThinkingReply
 from loop import Agent, Hooks, Runtime, tool
 from loop import messages as M
 from loop.compaction import COMPACTION_SYSTEM, estimate_context_tokens, tools_schema_chars
@@ -54,11 +54,11 @@ TOOLS = [lookup, convert]
 
 
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider("claude-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+    return anthropic_provider(server, **kw)
 
 
 def openai(server: Any, **kw: Any) -> OpenAIProvider:
-    return OpenAIProvider("gpt-test", base_url=server.base_url + "/v1", api_key="sk-test", timeout=None, **kw)
+    return openai_provider(server, **kw)
 
 
 def ceil4(n: int) -> int:

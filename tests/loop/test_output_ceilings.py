@@ -18,7 +18,7 @@ import trio
 
 import kv
 
-from fake_providers import FakeHang, FakeReply, overloaded
+from fake_providers import anthropic_provider, FakeHang, FakeReply, overloaded
 from loop import Agent, Price, Runtime, tool
 from loop import messages as M
 from loop.compaction import estimate_context_tokens
@@ -32,7 +32,7 @@ NO_WAIT = RetryPolicy(initial_delay=0, jitter=0)
 
 
 def anthropic(server: Any, **kw: Any) -> AnthropicProvider:
-    return AnthropicProvider("claude-test", base_url=server.base_url, api_key="sk-ant-test", timeout=None, **kw)
+    return anthropic_provider(server, **kw)
 
 
 def openai(server: Any, **kw: Any) -> OpenAIProvider:

@@ -146,8 +146,16 @@ def _fsync_dir(path: Path) -> None:
 class LogWriter:
     """Appends records to the newest segment; one caller at a time (the engine's pipeline).
 
-    ``append`` returns True when it sealed the segment (the next record goes
-    to a new one): the caller then asks for a checkpoint.
+    Two ways to append, both on the caller's thread:
+
+    * ``append(record)``: write it synced (the ``O_DSYNC`` descriptor, or
+      write + ``fdatasync``) — a lone commit written inline;
+    * ``write(record)`` (buffered, the plain descriptor), then have it synced
+      elsewhere (the store's sync helper process, ``kv.walsync``), then
+      ``synced(len(record))``.
+
+    Either returns / ``synced`` returns True when the segment was sealed (the
+    next record goes to a new one): the caller then asks for a checkpoint.
     """
 
     def __init__(self, wal_dir: Path, *, segment_bytes: int = SEGMENT_BYTES) -> None:
@@ -156,28 +164,38 @@ class LogWriter:
         self.segment_bytes = segment_bytes
         existing = list_segments(wal_dir)
         self.number = existing[-1][0] + 1 if existing else 1
-        self.fd = self._create(self.number)
+        self.fd, self.wfd = self._create(self.number)
         self.size = 0
-        self.fsyncs = 0  # every fdatasync / fsync this writer made
+        self.fsyncs = 0  # every fdatasync / fsync this writer made or had made
 
-    def _create(self, number: int) -> int:
-        fd = os.open(segment_path(self.wal_dir, number),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | SYNC_OPEN_FLAG, 0o644)
-        # The new name must be durable before any record in it is acknowledged.
-        _fsync_dir(self.wal_dir)
-        return fd
+    def _create(self, number: int) -> tuple[int, int]:
+        """The new segment's synced (``O_DSYNC``) and plain descriptors, both appending."""
+        path = segment_path(self.wal_dir, number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | SYNC_OPEN_FLAG, 0o644)
+        try:
+            wfd = os.open(path, os.O_WRONLY | os.O_APPEND) if SYNC_OPEN_FLAG else fd
+            # The new name must be durable before any record in it is acknowledged.
+            _fsync_dir(self.wal_dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, wfd
 
     def append(self, record: bytes) -> bool:
         """Write ``record`` and make it durable; seal the segment once it is full."""
-        written = os.write(self.fd, record)
-        if written < len(record):  # rare on a regular file (a full disk, a signal): write the rest
-            view = memoryview(record)[written:]
-            while view:
-                view = view[os.write(self.fd, view):]
+        _write_all(self.fd, record)
         if not SYNC_OPEN_FLAG:
             os.fdatasync(self.fd)
+        return self.synced(len(record))
+
+    def write(self, record: bytes) -> None:
+        """Write ``record`` without syncing it (see ``synced``)."""
+        _write_all(self.wfd, record)
+
+    def synced(self, nbytes: int) -> bool:
+        """A record of ``nbytes`` is durable; seal the segment once it is full."""
         self.fsyncs += 1  # a synced write (O_DSYNC) or an fdatasync
-        self.size += len(record)
+        self.size += nbytes
         if self.size < self.segment_bytes:
             return False
         self.seal()
@@ -185,15 +203,28 @@ class LogWriter:
 
     def seal(self) -> None:
         """Move on to a new segment (the current one is whole and synced)."""
-        fd = self._create(self.number + 1)
+        fd, wfd = self._create(self.number + 1)
         self.fsyncs += 1
+        self._close_fds()
+        self.fd, self.wfd, self.number, self.size = fd, wfd, self.number + 1, 0
+
+    def _close_fds(self) -> None:
+        if self.wfd != self.fd:
+            os.close(self.wfd)
         os.close(self.fd)
-        self.fd, self.number, self.size = fd, self.number + 1, 0
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            self._close_fds()
+            self.fd = self.wfd = -1
+
+
+def _write_all(fd: int, record: bytes) -> None:
+    written = os.write(fd, record)
+    if written < len(record):  # rare on a regular file (a full disk, a signal): write the rest
+        view = memoryview(record)[written:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 @contextmanager

@@ -304,8 +304,7 @@ async def test_reads_merge_overlay_and_tree_like_a_dict_across_random_checkpoint
             if r < 0.05:
                 store.checkpoint()  # seal the current segment, checkpoint every sealed one
             elif r < 0.12:
-                with store._log_lock:
-                    store._log.seal()  # seal only: a later pass may take some segments and not others
+                store._log.seal()  # seal only: a later pass may take some segments and not others
             elif r < 0.2:
                 with checkpoint_lock(path):
                     checkpoint_pass(store.env, path / "wal", include_newest=False)
@@ -345,8 +344,7 @@ async def test_a_key_created_and_deleted_between_checkpoints_stays_deleted(tmp_p
     async with _open(path, checkpointer=False, segment_bytes=1 << 30) as db:
         store = db.engine.store
         await _set(db, {b"q/1": b"job"})
-        with store._log_lock:
-            store._log.seal()  # segment 1 holds the write; the delete goes to segment 2
+        store._log.seal()  # segment 1 holds the write; the delete goes to segment 2
 
         async def take(tr):  # guarded by the read of the entry
             assert await tr.get(b"q/1") == b"job"

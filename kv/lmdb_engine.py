@@ -22,9 +22,10 @@ so no single commit pays for a whole segment).
 
 Writes: a batch's effects are staged into the overlay at the batch's
 version on the event loop (invisible: every snapshot's version is below
-it), the record is written and synced (inline when no other task could run,
-else on a dedicated writer thread, see ``LmdbStore.can_apply_inline``), and
-only then does the store's version move, which makes the batch visible. A
+it), the record is written and synced (inline, ``O_DSYNC``, when no other
+task could run, see ``LmdbStore.can_apply_inline``; else written buffered on
+the loop and synced by a helper process, see ``kv.walsync``), and only then
+does the store's version move, which makes the batch visible. A
 log write that fails leaves the store refusing commits until it is reopened
 (after a failed ``fdatasync`` the page cache can no longer be trusted; the
 batch is reported ``commit_unknown_result``) while reads go on.
@@ -477,15 +478,15 @@ class LmdbStore:
     def can_apply_inline(self, mutations: int) -> bool:
         """Whether the engine may write the next batch on the loop thread now.
 
-        Why inline at all: handing a batch to the writer thread and back
-        costs two cross-thread wake-ups (~0.1-0.3 ms measured here), and buys
-        nothing when no other task is runnable and no callback is queued:
-        the loop would only sit in ``epoll`` until the writer answers. So a
+        Why inline at all: handing a batch's sync to the helper process and
+        hearing back costs two cross-process wake-ups (~0.05-0.1 ms here), and
+        buys nothing when no other task is runnable and no callback is queued:
+        the loop would only sit in ``epoll`` until the helper answers. So a
         lone committer (the embedded, one-request-at-a-time case) writes
-        inline, and as soon as anything else could run, batches go to the
-        thread and the next batch forms meanwhile. Inline is only for a fast
-        disk: while recent log syncs have taken longer than
-        ``INLINE_MAX_COMMIT_SECONDS``, batches go to the thread and the loop
+        inline, and as soon as anything else could run, batches are synced by
+        the helper and the next batch forms meanwhile. Inline is only for a
+        fast disk: while recent log syncs have taken longer than
+        ``INLINE_MAX_COMMIT_SECONDS``, batches go to the helper and the loop
         stays responsive.
         """
         return INLINE_WHEN_IDLE and self._commit_seconds <= INLINE_MAX_COMMIT_SECONDS and _loop_is_idle()

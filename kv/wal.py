@@ -74,9 +74,9 @@ SUFFIX = ".wal"
 LOCK_NAME = "CHECKPOINT.LOCK"  # held by whoever runs a checkpoint pass (store or checkpointer process)
 #: Segments are opened O_DSYNC where the platform has it: each ``write`` returns only once its
 #: data (and the size needed to read it back) is on disk, as write + ``fdatasync`` would (same
-#: cost, measured here: p50 0.21 ms both). Why: one system call is one release of the GIL
-#: instead of two. The writer thread must take the GIL back after each one, and while the event
-#: loop is busy that wait, not the disk, was what held a batch up.
+#: cost, measured here: p50 0.21 ms both). Used for a batch written inline (``append``); a
+#: pipelined batch is written through a second, plain descriptor and synced by the helper
+#: process (``write`` + ``synced``, see ``kv.walsync``).
 SYNC_OPEN_FLAG: int = getattr(os, "O_DSYNC", 0)
 
 

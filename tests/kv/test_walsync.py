@@ -1,0 +1,250 @@
+"""The log's sync helper process (kv/walsync.py, kv/_fsyncd.py).
+
+A pipelined batch (one written while other tasks could run) is written by
+the store on the loop and synced by a child process. These tests make
+batches go that way (``INLINE_WHEN_IDLE`` off) and check what the store
+promises around the child: a batch is acknowledged only once synced; a
+helper that dies or cannot start costs speed, never a commit; a sync that
+fails stops commits like any failed log write; and no helper outlives its
+store or its parent process.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+import kv
+import kv.lmdb_engine
+import kv.walsync
+from kv import KVError
+from kv.engine import Engine
+from kv.lmdb_engine import LmdbStore
+from kv.walsync import MAX_HELPER_STARTS, SyncHelper
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITERS = 8  # concurrent committers: enough that batches form while one is on disk
+
+
+@pytest.fixture(autouse=True)
+def pipelined(monkeypatch):
+    """Every batch goes through the helper (none is written inline on an idle loop)."""
+    monkeypatch.setattr(kv.lmdb_engine, "INLINE_WHEN_IDLE", False)
+
+
+def _open(path: Path) -> kv.Database:
+    return kv.Database(Engine(LmdbStore(path), clock=time.time), url=f"lmdb:{path}")
+
+
+async def _commit_concurrently(db, prefix: bytes, n: int) -> None:
+    async def writer(w: int) -> None:
+        for i in range(w, n, WRITERS):
+            tr = db.create_transaction()
+            tr.set(prefix + b"%05d" % i, b"v%d" % i)  # blind write: idempotent
+            await tr.commit()
+
+    async with trio.open_nursery() as nursery:
+        for w in range(WRITERS):
+            nursery.start_soon(writer, w)
+
+
+async def _all(db, begin=b"", end=b"\xff") -> dict[bytes, bytes]:
+    tr = db.create_transaction()
+    return {r.key: r.value for r in await tr.get_range(begin, end)}
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _fake_helper(tmp_path: Path, body: str) -> str:
+    """A helper script speaking _fsyncd's protocol with ``body`` as its loop."""
+    script = tmp_path / "fake_fsyncd.py"
+    script.write_text(
+        "import socket, struct, sys\n"
+        "sock = socket.socket(fileno=int(sys.argv[1]))\n"
+        "while True:\n"
+        "    raw = sock.recv(8)\n"
+        "    if len(raw) < 8:\n"
+        "        sys.exit(0)\n" + body)
+    return str(script)
+
+
+async def test_pipelined_batches_are_synced_by_one_helper_that_exits_with_the_store(tmp_path):
+    path = tmp_path / "data"
+    db = _open(path)
+    try:
+        store = db.engine.store
+        await _commit_concurrently(db, b"k/", 400)
+        pid = store._sync.pid
+        assert pid is not None and _alive(pid)
+        assert store._sync.starts == 1  # one helper served every batch
+        # Group commit: fewer syncs than commits, and each batch's sync was counted.
+        assert 0 < store.stats["fsyncs"] < 400
+        assert db.engine.stats["chained_batches"] > 0
+    finally:
+        await db.close()
+    assert _wait_gone(pid, 1.0)  # close() ends the helper (and reaps it)
+    async with _open(path) as db:
+        data = await _all(db, b"k/", b"k0")
+        assert len(data) == 400 and data[b"k/00399"] == b"v399"
+
+
+async def test_a_helper_killed_between_batches_costs_no_commit_and_is_replaced(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="kv.walsync")
+    path = tmp_path / "data"
+    async with _open(path) as db:
+        store = db.engine.store
+        await _commit_concurrently(db, b"a/", 100)
+        first = store._sync.pid
+        os.kill(first, signal.SIGKILL)
+        assert _wait_gone(first)
+        await _commit_concurrently(db, b"b/", 100)  # the first request to the dead helper fails over
+        assert store._sync.starts == 2
+        second = store._sync.pid
+        assert second is not None and second != first and _alive(second)
+        assert len(await _all(db)) == 200
+    assert "sync helper" in caplog.text and "synced on the event loop" in caplog.text
+    async with _open(path) as db:
+        assert len(await _all(db)) == 200
+
+
+async def test_a_helper_that_never_answers_leaves_every_batch_synced_on_the_loop(tmp_path, monkeypatch, caplog):
+    """An interpreter that fails at once: each start is a lost helper, its batch is
+    synced here; after MAX_HELPER_STARTS no more starts, and commits still succeed."""
+    caplog.set_level(logging.WARNING, logger="kv.walsync")
+    monkeypatch.setattr(kv.walsync.sys, "executable", "/bin/false")
+    path = tmp_path / "data"
+    async with _open(path) as db:
+        store = db.engine.store
+        await _commit_concurrently(db, b"k/", 300)
+        assert store._sync.starts == MAX_HELPER_STARTS
+        assert store._sync.pid is None
+        assert len(await _all(db)) == 300
+    assert "and so is every later one" in caplog.text
+    monkeypatch.undo()
+    async with _open(path) as db:
+        assert len(await _all(db)) == 300
+
+
+async def test_a_sync_the_helper_reports_failed_stops_commits_until_reopened(tmp_path):
+    path = tmp_path / "data"
+    db = _open(path)
+    try:
+        store = db.engine.store
+        await _commit_concurrently(db, b"ok/", 40)
+        store._sync.close()
+        store._sync = SyncHelper(path / "wal", script=_fake_helper(
+            tmp_path, "    sock.sendall(struct.pack('<I', %d))\n" % errno.EIO))
+        tr = db.create_transaction()
+        tr.set(b"doomed", b"x")
+        with pytest.raises(KVError) as info:
+            await tr.commit()
+        assert info.value.code == 1021 and info.value.maybe_committed  # written, durability unknown
+        assert "fdatasync" in str(info.value.__cause__)
+        tr = db.create_transaction()
+        assert await tr.get(b"doomed") is None  # never visible in this process
+        tr.set(b"later", b"y")
+        with pytest.raises(KVError) as info:
+            await tr.commit()
+        assert info.value.code == 4100 and "reopen" in str(info.value)
+        assert len(await _all(db, b"ok/", b"ok0")) == 40  # reads go on
+    finally:
+        await db.close()
+    async with _open(path) as db:
+        data = await _all(db)
+        assert len([k for k in data if k.startswith(b"ok/")]) == 40 and b"later" not in data
+
+
+async def test_no_batch_is_acknowledged_before_its_sync_is_answered(tmp_path):
+    """A helper that holds its answer: the commit waits (it is not acknowledged
+    on the buffered write alone), and is acknowledged once the answer comes."""
+    gate = tmp_path / "gate"
+    path = tmp_path / "data"
+    async with _open(path) as db:
+        store = db.engine.store
+        await _commit_concurrently(db, b"warm/", 16)
+        store._sync.close()
+        store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
+            "    import os, time\n"
+            "    while not os.path.exists(%r):\n"
+            "        time.sleep(0.01)\n"
+            "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+        done = trio.Event()
+
+        async def commit() -> None:
+            tr = db.create_transaction()
+            tr.set(b"held", b"x")
+            await tr.commit()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit)
+            await trio.sleep(0.3)
+            assert not done.is_set()  # written to the page cache, not yet answered
+            reader = db.create_transaction()
+            assert await reader.get(b"held") is None  # nor visible
+            gate.touch()
+            with trio.fail_after(10):
+                await done.wait()
+        tr = db.create_transaction()
+        assert await tr.get(b"held") == b"x"
+
+
+def test_the_helper_exits_when_its_parent_is_killed(tmp_path):
+    """SIGKILL of the store's process: the helper reads end-of-input and exits
+    (no orphan keeps running), and every acknowledged commit is in the log."""
+    code = (
+        "import os, sys, time, trio, kv, kv.lmdb_engine\n"
+        "kv.lmdb_engine.INLINE_WHEN_IDLE = False\n"
+        "async def main():\n"
+        "    db = await kv.open('lmdb:' + sys.argv[1])\n"
+        "    async def w(k):\n"
+        "        for i in range(50):\n"
+        "            tr = db.create_transaction(); tr.set(b'c/%d/%03d' % (k, i), b'v'); await tr.commit()\n"
+        "    async with trio.open_nursery() as n:\n"
+        "        for k in range(4): n.start_soon(w, k)\n"
+        "    print(db.engine.store._sync.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "trio.run(main)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "data")], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(proc.stdout.readline())
+        assert _alive(helper)
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+    assert _wait_gone(helper)
+
+    async def check() -> None:
+        async with _open(tmp_path / "data") as db:
+            assert len(await _all(db, b"c/", b"c0")) == 200
+
+    trio.run(check)

@@ -146,10 +146,12 @@ class SyncHelper:
             while len(self._reply) < _fsyncd.REPLY.size:
                 sock = self._sock
                 assert sock is not None
+                # Wait first: the answer comes after an fdatasync (>= 0.1 ms), so a recv
+                # tried at once only fails (a system call and an exception per batch).
+                await trio.lowlevel.wait_readable(sock)
                 try:
                     chunk = sock.recv(_fsyncd.REPLY.size - len(self._reply))
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
+                except BlockingIOError:  # a spurious wake-up: wait again
                     continue
                 except OSError as exc:
                     chunk, why = b"", f"failed ({exc!r})"

@@ -142,6 +142,10 @@ class Tool:
     thread: bool = True  # run a sync function in a worker thread (it may block)
     context_param: str | None = None
     _hints: dict[str, Any] = field(default_factory=dict, repr=False)
+    # is_async of ``_async_of`` (the function it was computed for): inspect walks the function's
+    # wrappers on every call, and every tool call asks.
+    _async: bool = field(default=False, init=False, repr=False, compare=False)
+    _async_of: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not TOOL_NAME_RE.match(self.name):
@@ -152,7 +156,10 @@ class Tool:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+        fn = self.fn
+        if self._async_of is not fn:  # (recomputed if ``fn`` was replaced)
+            self._async, self._async_of = inspect.iscoroutinefunction(fn), fn
+        return self._async
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)

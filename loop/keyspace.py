@@ -112,10 +112,13 @@ class LoopState:
         )
 
     def copy(self) -> "LoopState":
-        """An independent copy (the per-call records too: commits mutate a copy)."""
-        return LoopState(self.owner, self.conversation, self.agent, self.user_seq, self.model_calls, self.retries,
-                         self.next_attempt_at, self.compactions, {k: dict(v) for k, v in self.calls.items()},
-                         self.ver, self.tok)
+        """An independent copy (the per-call records too: commits mutate a copy). The fields
+        are copied as one dict update, not through the generated ``__init__`` (every commit
+        of a run copies its state)."""
+        new = object.__new__(LoopState)
+        new.__dict__.update(self.__dict__)
+        new.calls = {k: dict(v) for k, v in self.calls.items()}
+        return new
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "LoopState":

@@ -62,7 +62,7 @@ from .pricing import FREE, TOKENS_PER_PRICE_UNIT, cost_micros, estimate_cost_mic
 from .providers.base import STOP_MAX_TOKENS, ToolSpec, capped_call_options, output_cap
 from .schema import validate
 from .store import MAX_CALL_ID_BATCH
-from .stream import FLUSH_INTERVAL, PartCoalescer
+from .stream import FLUSH_INTERVAL, MAX_PENDING_CHARS, PartCoalescer
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -225,7 +225,9 @@ class Runner:
         # ``missing_price``), and the one costs are computed with: None for a free model, so
         # a turn without a price pays nothing for pricing.
         self.price = rt.price_for(agent)
-        self._bill = self.price if self.price is not None and self.price != FREE else None
+        # (``is not``: the offline models' price is FREE itself; a price equal to it that is
+        # another object only costs a computed 0, which _priced drops, not a dataclass __eq__ a run)
+        self._bill = self.price if self.price is not None and self.price is not FREE else None
         self.state: LoopState | None = None
         # The transcript from ``base`` on (its mark: the context of the latest compaction,
         # which is all the loop needs; see loop.compaction, Windows): ``messages[i]`` is
@@ -664,10 +666,12 @@ class Runner:
             if est > agent.compact_at_tokens and choose_cut(self.messages, agent.keep_recent, self.base) is not None:
                 await self._compact("threshold")
                 context = model_context(self.messages, self.base)
-        info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, agent.instructions, context, specs)
+        system, tools = agent.instructions, specs
         if agent.hooks is not None and agent.hooks.before_model_call is not None:
+            info = ModelCallInfo(agent, self.run_id, self.conv, st.model_calls + 1, system, context, specs)
             await Hooks.call(agent.hooks.before_model_call, info)
-        plan = await self._reserve(info.system, info.messages, tools=info.tools)
+            system, context, tools = info.system, info.messages, info.tools
+        plan = await self._reserve(system, context, tools=tools)
         coalescer = PartCoalescer(self.run_id, st.model_calls + 1)
         msg: dict[str, Any] | None = None
         error: ProviderError | None = None
@@ -682,30 +686,44 @@ class Runner:
             if self.cancel_event.is_set():
                 scope.cancel()
 
-            async def on_event(ev: Any) -> None:
+            async def first_flush() -> None:
+                nonlocal flusher
+                await self._flush(coalescer)
+                if flusher is None:
+                    flusher = (trio.CancelScope(), trio.Event())
+                    assert self._host is not None
+                    if self._lock is None:  # (not inside a commit here: made before it can matter)
+                        self._lock = trio.Lock()
+                    self._host.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
+
+            def on_event(ev: Any) -> Awaitable[None] | None:
                 # A fast answer is journaled whole by message.added, with no part
                 # events and no extra commit; a slow one starts the periodic flusher.
-                nonlocal flusher
-                coalescer.add(ev)
-                if coalescer.flushes == 0 and coalescer.pending and (
-                    coalescer.urgent or trio.current_time() - started_at >= FLUSH_INTERVAL
-                ):
-                    await self._flush(coalescer)
-                    if flusher is None:
-                        flusher = (trio.CancelScope(), trio.Event())
-                        assert self._host is not None
-                        if self._lock is None:  # (not inside a commit here: made before it can matter)
-                            self._lock = trio.Lock()
-                        self._host.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
+                # Until a flush may be due its events are only held (PartCoalescer.hold:
+                # a fast answer's parts are never made), and a plain function, not a
+                # coroutine, answers the events that need no commit (call_model awaits
+                # only what is returned).
+                if coalescer.flushes == 0 and not coalescer.pending:  # (nothing made into items yet)
+                    coalescer.hold(ev)
+                    if (coalescer.held_chars < MAX_PENDING_CHARS
+                            and trio.current_time() - started_at < FLUSH_INTERVAL):
+                        return None
+                    coalescer.release()
+                else:
+                    coalescer.add(ev)
+                if coalescer.flushes == 0:
+                    if coalescer.pending and (coalescer.urgent or trio.current_time() - started_at >= FLUSH_INTERVAL):
+                        return first_flush()
                 elif coalescer.urgent:
-                    await self._flush(coalescer)
+                    return self._flush(coalescer)
+                return None
 
             try:
                 msg = await call_model(
                     self.provider,
-                    system=info.system,
-                    messages=info.messages,
-                    tools=info.tools,
+                    system=system,
+                    messages=context,
+                    tools=tools,
                     max_tokens=plan.max_tokens,
                     stream_options=plan.options,
                     policy=agent.retry,

@@ -299,7 +299,9 @@ class Runtime:
                 f"Runtime(pricing={{{model_label(agent.model)!r}: Price(...)}})")
 
     def _agent_for(self, claim: Claim) -> Agent:
-        d = claim.delivery if isinstance(claim.delivery, Mapping) else {}
+        d = claim.delivery
+        if type(d) is not dict and not isinstance(d, Mapping):  # (a dict first: see Store._claim_of)
+            d = {}
         name = d.get("agent") or "default"
         a = self._agents.get(name)
         if a is not None:

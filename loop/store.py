@@ -350,7 +350,8 @@ class Store:
 
     @staticmethod
     def _claim_of(lease: L.Lease, delivery: Any, schema: Any) -> Claim:
-        limits = (delivery or {}).get("limits") if isinstance(delivery, Mapping) else None
+        # (a dict first: what every delivery is; isinstance against typing's Mapping alias walks the ABC machinery)
+        limits = delivery.get("limits") if type(delivery) is dict or isinstance(delivery, Mapping) else None
         return Claim(lease.run_id, lease.owner, lease.conversation, lease.attempt, delivery, schema, lease,
                      dict(limits or {}))
 

@@ -6,8 +6,9 @@ A model streams hundreds of small deltas; the journal must show them live
 ``part.updated`` journal items, merging consecutive deltas of one part, and
 the runner flushes the pending items in one transaction every
 ``FLUSH_INTERVAL`` seconds (and in the transaction that persists the
-finished message), so a fast answer costs no extra commit at all and a slow
-one costs a few per second.  Order is never changed: items are flushed in
+finished message), so a fast answer costs no extra commit at all (nor any
+items: its events are only held until a flush may be due, see ``hold``) and a
+slow one costs a few per second.  Order is never changed: items are flushed in
 the order they were produced.
 
 Reasoning (a model's extended thinking) is journaled too, as parts of kind
@@ -64,6 +65,32 @@ class PartCoalescer:
         self._last_part: int | None = None
         self.parts = 0
         self.flushes = 0  # commits of pending items so far (the runner counts them)
+        # Events kept raw by :meth:`hold` (None: none held), and their characters.
+        self.held: list[StreamEvent] | None = None
+        self.held_chars = 0
+
+    def hold(self, ev: StreamEvent) -> None:
+        """Keep ``ev`` without making journal items of it yet (:meth:`release` does).
+
+        Until a call's first flush is due, its events need only be kept: an answer that
+        ends before then (most do) is journaled whole by ``message.added``, and the part
+        items :meth:`add` would have made of its stream are never used. ``held_chars``
+        counts what :meth:`add` would count in ``pending_chars`` (never less), so a caller
+        that releases once it reaches MAX_PENDING_CHARS flushes no later than before."""
+        if self.held is None:
+            self.held = []
+        self.held.append(ev)
+        if isinstance(ev, (TextDelta, ThinkingDelta)):
+            self.held_chars += len(ev.text)
+        elif isinstance(ev, ToolCallDelta):
+            self.held_chars += len(ev.arguments)
+
+    def release(self) -> None:
+        """Make the journal items of the held events, in order, as :meth:`add` of each would
+        have; events after this are given to :meth:`add` directly."""
+        held, self.held, self.held_chars = self.held, None, 0
+        for ev in held or ():
+            self.add(ev)
 
     def add(self, ev: StreamEvent) -> None:
         if isinstance(ev, TextDelta):
@@ -118,6 +145,8 @@ class PartCoalescer:
         self.pending.append((E.PART_UPDATED, {"run_id": self.run_id, "call": self.call, "part": part, field: text}))
 
     def take(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.held is not None:
+            self.release()
         items, self.pending, self.pending_chars = self.pending, [], 0
         return items
 

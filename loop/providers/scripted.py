@@ -211,14 +211,23 @@ def broken(text: str, after: int = 1) -> BreakAfter:
 
 
 def _context_tokens(system: str, messages: Sequence[Message]) -> int:
+    """The input tokens of a call: estimate_tokens of the system prompt, of each message's
+    text (its text parts concatenated, as text_of), of each tool call's arguments JSON and of
+    each tool result. One pass over the parts (every call of every scripted turn walks the
+    whole context here)."""
     n = estimate_tokens(system)
     for m in messages:
-        n += estimate_tokens(text_of(m))
+        text = 0  # characters of text_of(m)
         for p in m.get("content") or ():
-            if p.get("type") == "tool_call":
+            kind = p.get("type")
+            if kind == "text":
+                text += len(p.get("text", ""))
+            elif kind == "tool_call":
                 n += estimate_tokens(json.dumps(p.get("arguments") or {}))
-            elif p.get("type") == "tool_result":
+            elif kind == "tool_result":
                 n += estimate_tokens(p.get("content") or "")
+        if text:
+            n += (text + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN  # estimate_tokens of text_of(m)
     return n
 
 

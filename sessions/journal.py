@@ -300,10 +300,11 @@ class Journal:
                 tr.set_versionstamped_key(head + order.to_bytes(2, "big") + tail, value)
                 order += 1
         tr.add(emitted, _ADD_ONE if len(values) == 1 else pack_i64(len(values)))
-        self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
-        if self.retention and n >= self.trim_slack:
-            self._due.add(ck)
-            self._grown_event.set()
+        if self.retention:  # (retention 0 keeps everything: no growth to track for the trimmer)
+            self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
+            if n >= self.trim_slack:
+                self._due.add(ck)
+                self._grown_event.set()
         return out
 
     def _append_keys(self, ck: tuple[str, str]) -> tuple[bytes, bytes, bytes]:

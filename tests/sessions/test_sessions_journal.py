@@ -130,6 +130,9 @@ async def test_retention_reports_first_retained_position(db):
         await keep_all.emit_one(OWNER, "d", events.PART_UPDATED, {"i": i})
     assert await keep_all.trim(OWNER, "d") == 0
     assert len((await keep_all.read(OWNER, "d")).events) == 5
+    # ... and tracks no growth for a trimmer (with no trimmer running, that map kept an
+    # entry for every conversation ever emitted to)
+    assert not keep_all._grown and not keep_all._due
 
 
 async def test_trimming_does_not_block_concurrent_appends(db):

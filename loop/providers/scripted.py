@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, Union
 
 import trio
 
@@ -256,7 +256,7 @@ def _layout(r: Reply) -> list[_Block]:
     return out
 
 
-async def _stream_reply(
+def _stream_reply(
     r: Reply,
     *,
     system: str,
@@ -267,17 +267,48 @@ async def _stream_reply(
     break_error: ProviderError | None = None,
     max_tokens: int | None = None,
 ) -> AsyncIterator[StreamEvent]:
-    blocks = _layout(r)
-    output: int | None = None
-    stop_reason = r.stop_reason
-    if max_tokens is not None and r.usage is None and _output_tokens(r) > max_tokens:
-        blocks, output = _cut(blocks, max_tokens)
-        stop_reason = STOP_MAX_TOKENS
-    emitted = 0
-    paced = bool(delay) or break_after is not None  # (else an event needs no tick at all)
+    """The stream of ``r``: its events (:func:`_reply_events`), paced by ``delay`` and broken
+    after ``break_after`` output events when asked."""
+    events = _reply_events(r, system=system, messages=messages, chunk=chunk, max_tokens=max_tokens)
+    if delay or break_after is not None:
+        return _paced(events, delay, break_after, break_error)
+    return _Unpaced(events)
 
-    async def tick() -> None:
-        nonlocal emitted
+
+class _Unpaced:
+    """An unpaced stream: its events as they are made, with no schedule point, as an async
+    iterator without an async generator's cost (trio registers each async generator it sees
+    start, in a weak set, and the caller closes it: two per scripted call of the simulator
+    and of every benchmark turn). The events are made lazily, so whatever goes wrong making
+    them is raised while the stream is read, where ``stream_model`` classifies it."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: Iterator[StreamEvent]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> "_Unpaced":
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        for ev in self._events:
+            return ev
+        raise StopAsyncIteration
+
+
+async def _paced(events: Iterator[StreamEvent], delay: float, break_after: int | None,
+                 break_error: ProviderError | None) -> AsyncIterator[StreamEvent]:
+    """``events`` with a ``delay`` after each output event, broken (``break_error`` raised)
+    after ``break_after`` of them, or before the closing Finish when there are fewer."""
+    emitted = 0
+    for ev in events:
+        if isinstance(ev, Finish):
+            if break_after is not None:
+                assert break_error is not None
+                raise break_error
+            yield ev
+            continue
+        yield ev
         emitted += 1
         if delay:
             await trio.sleep(delay)
@@ -285,6 +316,22 @@ async def _stream_reply(
             assert break_error is not None
             raise break_error
 
+
+def _reply_events(
+    r: Reply,
+    *,
+    system: str,
+    messages: Sequence[Message],
+    chunk: int,
+    max_tokens: int | None = None,
+) -> Iterator[StreamEvent]:
+    """The events of ``r`` in stream order, ending with Finish (a generator: made as read)."""
+    blocks = _layout(r)
+    output: int | None = None
+    stop_reason = r.stop_reason
+    if max_tokens is not None and r.usage is None and _output_tokens(r) > max_tokens:
+        blocks, output = _cut(blocks, max_tokens)
+        stop_reason = STOP_MAX_TOKENS
     # With reasoning anywhere, every content block is numbered by its place in the stream, as
     # Anthropic numbers a response's blocks (loop.providers.anthropic passes the block index
     # through as each event's index): reasoning blocks 0..n-1, the text n, the tool calls after
@@ -298,37 +345,22 @@ async def _stream_reply(
             if isinstance(block, ThinkingBlock):
                 for i in range(0, len(block.text), chunk):
                     yield ThinkingDelta(block.text[i : i + chunk], idx)
-                    if paced:
-                        await tick()
                 if block.signature:
                     yield ThinkingSignature(idx, block.signature)
-                    if paced:
-                        await tick()
             else:
                 yield RedactedThinking(idx, block.data)
-                if paced:
-                    await tick()
         elif kind == "text":
             at = idx if reasoning else 0
             for i in range(0, len(block), chunk):
                 yield TextDelta(block[i : i + chunk], at)
-                if paced:
-                    await tick()
         else:
             at = idx if reasoning else calls + 1
             call_id = block.get("id") or f"call_{len(messages)}_{calls}"
             calls += 1
             yield ToolCallStart(at, call_id, block["name"])
-            if paced:
-                await tick()
             args = block["partial_arguments"] if "partial_arguments" in block else json.dumps(block.get("arguments") or {})
             if args:  # (a call cut right after its start sends no arguments, as Anthropic's stream)
                 yield ToolCallDelta(at, args)
-                if paced:
-                    await tick()
-    if break_after is not None:
-        assert break_error is not None
-        raise break_error
     usage = r.usage or Usage(_context_tokens(system, messages), _output_tokens(r) if output is None else output)
     yield Finish(stop_reason or (STOP_TOOL_USE if r.tool_calls else STOP_END), usage)
 

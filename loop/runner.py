@@ -240,6 +240,11 @@ class Runner:
         # that commits for this runner); until then this task's commits cannot overlap.
         self._lock: trio.Lock | None = None
         self._started_here: set[str] = set()  # calls this attempt marked started (not interrupted)
+        # The tool-call ids of ``messages`` (see _call_ids_in_memory): of the list object
+        # ``_ids_of``, its first ``_ids_upto`` messages.
+        self._ids: set[str] = set()
+        self._ids_of: list[dict[str, Any]] | None = None
+        self._ids_upto = 0
         self._model_scope: trio.CancelScope | None = None
         self._lease_lost = False
         self._scope: trio.CancelScope | None = None  # while executing: the drive's (see _lost_lease)
@@ -818,20 +823,37 @@ class Runner:
         (``Store.note_call_ids``), and a new id is looked up there — one read, and only
         in a conversation that has a mark.
         """
-        used = {c["id"] for m in self.messages for c in M.tool_calls_of(m)}
+        used = self._call_ids_in_memory()  # (read only: the ids of this message are in ``taken``)
         if self.base:
             fresh = [c["id"] for c in calls if c["id"] not in used]
             if fresh:
-                used |= await self.store.call_ids_used(self.owner, self.conv, fresh)
+                used = used | await self.store.call_ids_used(self.owner, self.conv, fresh)
+        taken: set[str] = set()
         for i, c in enumerate(calls):
-            if c["id"] in used:
+            if c["id"] in used or c["id"] in taken:
                 n = 0
                 new = f"{c['id']}~{self.head}_{i}"
-                while new in used:
+                while new in used or new in taken:
                     n += 1
                     new = f"{c['id']}~{self.head}_{i}_{n}"
                 c["id"] = new
-            used.add(c["id"])
+            taken.add(c["id"])
+
+    def _call_ids_in_memory(self) -> set[str]:
+        """Every tool-call id in ``self.messages``, kept incrementally: only the messages
+        appended since the last call are looked at (every model step that calls tools used to
+        walk the whole window for them, O(window) a step and O(window²) a run). Messages are
+        only appended to that list, and a stored message's call ids never change; a new list
+        (a re-read transcript) starts the index again."""
+        msgs = self.messages
+        if self._ids_of is not msgs:
+            self._ids, self._ids_of, self._ids_upto = set(), msgs, 0
+        ids = self._ids
+        for i in range(self._ids_upto, len(msgs)):
+            for c in M.tool_calls_of(msgs[i]):
+                ids.add(c["id"])
+        self._ids_upto = len(msgs)
+        return ids
 
     async def _model_done(self, msg: dict[str, Any], coalescer: PartCoalescer, plan: _CallPlan) -> None:
         """Persist the assistant message (and its usage) as it ends; settle if it is final.

@@ -252,7 +252,11 @@ class Transaction:
         "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
         "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_committing",
-        "_committed_version", "_cancelled", "_watches", "_versionstamp", "__dict__",
+        "_committed_version", "_cancelled", "_watches", "_versionstamp", "_commit_tried",
+        # Layers may tag a transaction with attributes of their own (sessions.journal does);
+        # every attribute of the transaction's own is a slot above, so the dict is only
+        # allocated for a transaction that is tagged.
+        "__dict__",
     )
 
     def __init__(self, db: "Database") -> None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Iterator, Protocol
+from operator import attrgetter
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import trio
 from trio.lowlevel import current_task, reschedule, wait_task_rescheduled
@@ -119,10 +120,11 @@ class CommitRequest:
         read_ranges: list[tuple[bytes, bytes]],
         write_ranges: list[tuple[bytes, bytes]],
         mutations: list[Mutation],
-        read_points: list[bytes] | None = None,   # single-key read conflicts
-        write_points: list[bytes] | None = None,  # single-key write conflicts
+        # (sequences the engine only reads: the empty tuple is a fine default)
+        read_points: Sequence[bytes] = (),   # single-key read conflicts
+        write_points: Sequence[bytes] = (),  # single-key write conflicts
         # (index into mutations, kind, key, value, offset): stamped at resolve time
-        stamped: list[tuple[int, str, bytes, bytes, int]] | None = None,
+        stamped: Sequence[tuple[int, str, bytes, bytes, int]] = (),
         size: int = 0,
         tag: Any = None,  # the Transaction, for hooks
     ) -> None:
@@ -130,9 +132,9 @@ class CommitRequest:
         self.read_ranges = read_ranges
         self.write_ranges = write_ranges
         self.mutations = mutations
-        self.read_points = read_points if read_points is not None else []
-        self.write_points = write_points if write_points is not None else []
-        self.stamped = stamped if stamped is not None else []
+        self.read_points = read_points
+        self.write_points = write_points
+        self.stamped = stamped
         self.size = size
         self.tag = tag
         # results
@@ -195,6 +197,9 @@ class Watch:
         self._fire(KVError(1101, "watch cancelled"))
 
 
+_request_size = attrgetter("size")  # a CommitRequest's size (Engine._take_batch)
+
+
 def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
@@ -224,7 +229,7 @@ class Engine:
     ) -> None:
         self.store = store
         self.clock = clock
-        self.hooks = hooks or FaultHooks()
+        self.hooks = hooks or FaultHooks()  # (sets self.hooked: see the property)
         self.random = rng or random.Random()
         self.mvcc_window = mvcc_window
         self.resolver = Resolver()
@@ -246,6 +251,18 @@ class Engine:
         self.closed = False
         self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0, "inline_batches": 0,
                       "chained_batches": 0}
+
+    @property
+    def hooks(self) -> FaultHooks:
+        """The fault hooks (the simulator's, or a test's); assignable at any time."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: FaultHooks) -> None:
+        self._hooks = hooks
+        # Whether any hook can do something: the base class's do nothing, so without a
+        # subclass every read and commit skips the calls (the transaction checks this too).
+        self.hooked = type(hooks) is not FaultHooks
 
     # -- versions ---------------------------------------------------------
 
@@ -345,6 +362,12 @@ class Engine:
             _wake(self._pending[0])
 
     def _take_batch(self) -> list[CommitRequest]:
+        pending = self._pending
+        if len(pending) <= MAX_BATCH_TRANSACTIONS and sum(map(_request_size, pending)) <= MAX_BATCH_BYTES:
+            # The usual case, the whole queue fits (the loop below would take it all):
+            # summed in C, not one Python iteration per request.
+            self._pending = []
+            return pending
         n = size = 0
         for r in self._pending:
             if n >= MAX_BATCH_TRANSACTIONS or (n and size + r.size > MAX_BATCH_BYTES):
@@ -420,7 +443,9 @@ class Engine:
         self.stats["commits"] += len(accepted)
         self.resolver.forget_before(version - self.mvcc_window)
         self._check_watches(mutations)
-        return self.hooks.after_apply(version, accepted) or {}
+        if not self.hooked:
+            return {}
+        return self._hooks.after_apply(version, accepted) or {}
 
     def _deliver(self, batch: list[CommitRequest], version: int, failures: dict) -> None:
         if failures:  # a fault hook's (the simulator's) injected errors: look each request up
@@ -469,7 +494,8 @@ class Engine:
             if accepted:
                 if self.closed:  # the store is closed (its writer thread gone): nothing would ever answer
                     raise KVError(2000, "database is closed")
-                self.hooks.before_apply(version, accepted)
+                if self.hooked:
+                    self._hooks.before_apply(version, accepted)
                 if inline:
                     self.store.apply_sync(version, mutations)
                 else:
@@ -496,7 +522,8 @@ class Engine:
         try:
             if self.closed:  # the store is closed (its writer thread gone): nothing would ever answer
                 raise KVError(2000, "database is closed")
-            self.hooks.before_apply(version, accepted)
+            if self.hooked:
+                self._hooks.before_apply(version, accepted)
             job = self._submit(version, mutations)
         except BaseException as exc:
             self._fail(batch, version, exc)

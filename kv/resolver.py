@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from sortedcontainers import SortedList
 
@@ -138,21 +138,22 @@ class Resolver:
                 return None
         return out
 
-    def add(self, version: int, write_ranges: Iterable[tuple[bytes, bytes]],
-            write_points: Iterable[bytes] = ()) -> None:
-        written: list[bytes] = []
+    def add(self, version: int, write_ranges: Sequence[tuple[bytes, bytes]],
+            write_points: Sequence[bytes] = ()) -> None:
         points = self._points
         new = self._new_points
         for k in write_points:
             if k not in points:
                 new[k] = None
             points[k] = version
-            written.append(k)
+        written = write_points  # the keys for the history (a copy only if ranges add points)
         for begin, end in write_ranges:
             if is_point(begin, end):
                 if begin not in points:
                     new[begin] = None
                 points[begin] = version
+                if written is write_points:
+                    written = list(write_points)
                 written.append(begin)
             elif begin < end:
                 self._ranges.append((version, begin, end))

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Sequence
 
 import trio
+from trio.lowlevel import checkpoint_if_cancelled
 
 from . import atomic as _atomic
 from .atomic import apply_atomic
@@ -228,7 +229,23 @@ def _merge_interval(intervals: list[tuple[bytes, bytes]], begin: bytes, end: byt
     while hi < len(intervals) and intervals[hi][0] <= end:
         begin, end = min(begin, intervals[hi][0]), max(end, intervals[hi][1])
         hi += 1
-    return intervals[:lo] + [(begin, end)] + intervals[hi:]
+    return [*intervals[:lo], (begin, end), *intervals[hi:]]  # (a new list, also from the shared empty tuple)
+
+
+# Most transactions use few of their containers: a blind write only its write map, its
+# mutation log and its write conflict keys. The others start as this shared empty tuple
+# (read as an empty sequence everywhere) and become a list at their first append
+# (``_appended``), so a transaction does not allocate and free ten empty lists it never
+# uses: measured at 64 concurrent blind writers, about 3% of a commit's CPU.
+_EMPTY: tuple = ()
+
+
+def _appended(items: list | tuple, item: Any) -> list:
+    """``items`` with ``item`` appended: in place for a list, a new list for ``_EMPTY``."""
+    if type(items) is list:
+        items.append(item)
+        return items
+    return [item]
 
 
 def _strinc(prefix: bytes) -> bytes:
@@ -293,18 +310,19 @@ class Transaction:
         self._read_version: int | None = None
         self._writes: dict[bytes, tuple] = {}   # key -> (kind, payload)
         self._sorted_write_keys: list[bytes] | None = None  # cache for range reads
-        self._clears: list[tuple[bytes, bytes]] = []  # disjoint, sorted
-        self._clear_begins: list[bytes] = []
+        # (the _EMPTY ones become lists when first appended to: see _appended)
+        self._clears: list[tuple[bytes, bytes]] = _EMPTY  # disjoint, sorted
+        self._clear_begins: list[bytes] = _EMPTY
         self._mutations: list[tuple] = []
-        self._stamped: list[tuple[int, str, bytes, bytes, int]] = []
-        self._unreadable_ranges: list[tuple[bytes, bytes]] = []  # disjoint, sorted
-        self._unreadable_begins: list[bytes] = []
-        self._unreadable_new: list[tuple[bytes, bytes]] = []  # not yet merged into the above
+        self._stamped: list[tuple[int, str, bytes, bytes, int]] = _EMPTY
+        self._unreadable_ranges: list[tuple[bytes, bytes]] = _EMPTY  # disjoint, sorted
+        self._unreadable_begins: list[bytes] = _EMPTY
+        self._unreadable_new: list[tuple[bytes, bytes]] = _EMPTY  # not yet merged into the above
         # Conflict ranges; single keys ([k, k+\x00), the common case) are kept apart as
         # plain keys so neither side allocates key_after(k) or tests for points.
-        self._read_ranges: list[tuple[bytes, bytes]] = []
-        self._read_points: list[bytes] = []
-        self._write_ranges: list[tuple[bytes, bytes]] = []
+        self._read_ranges: list[tuple[bytes, bytes]] = _EMPTY
+        self._read_points: list[bytes] = _EMPTY
+        self._write_ranges: list[tuple[bytes, bytes]] = _EMPTY
         self._write_points: list[bytes] = []
         self._size = 0
         self._next_write_no_conflict = False
@@ -312,7 +330,7 @@ class Transaction:
         self._commit_tried = False  # commit() reached the pipeline (until reset/on_error)
         self._committed_version: int | None = None
         self._cancelled = False
-        self._watches: list[Watch] = []
+        self._watches: list[Watch] = _EMPTY
         old = self._versionstamp
         if old is not None:
             old._set(error=KVError(1025, "transaction was reset"))
@@ -386,7 +404,7 @@ class Transaction:
             ranges = self._unreadable_ranges
             for low, high in self._unreadable_new:
                 ranges = _merge_interval(ranges, low, high)
-            self._unreadable_new = []
+            self._unreadable_new = _EMPTY
             self._unreadable_ranges = ranges
             self._unreadable_begins = [b for b, _ in ranges]
         ranges = self._unreadable_ranges
@@ -406,7 +424,8 @@ class Transaction:
             raise KVError(2004, "keys at or above \\xff are outside the legal range")
         if len(key) > KEY_SIZE_LIMIT:
             return None  # as FoundationDB: such a key cannot exist
-        self._engine.hooks.on_read(self)
+        if self._engine.hooked:
+            self._engine.hooks.on_read(self)
         entry = self._writes.get(key)
         if entry is not None:
             kind, payload = entry
@@ -423,7 +442,7 @@ class Transaction:
         snap = self._ensure_snapshot()
         value = snap.get(key)
         if not snapshot:
-            self._read_points.append(key)
+            self._read_points = _appended(self._read_points, key)
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[1]:
                 value = apply_atomic(op, value, param)
@@ -454,7 +473,8 @@ class Transaction:
             raise KVError(2004, "range end beyond \\xff is outside the legal range")
         if begin >= end:
             return []
-        self._engine.hooks.on_read(self)
+        if self._engine.hooked:
+            self._engine.hooks.on_read(self)
         if self._unreadable_ranges or self._unreadable_new:
             self._check_readable(begin, end)
         rows = self._merged_range(begin, end, limit, reverse)
@@ -477,7 +497,7 @@ class Transaction:
         (their base value is read), so they keep theirs.
         """
         if not self._clears and not self._writes:
-            self._read_ranges.append((begin, end))
+            self._read_ranges = _appended(self._read_ranges, (begin, end))
             return
         known: list[tuple[bytes, bytes]] = [c for c in self._clears if c[0] < end and begin < c[1]]
         if self._writes:
@@ -492,12 +512,12 @@ class Transaction:
             if cb >= end:
                 break
             if cb > cur:
-                self._read_ranges.append((cur, cb))
+                self._read_ranges = _appended(self._read_ranges, (cur, cb))
             cur = max(cur, ce)
             if cur >= end:
                 return
         if cur < end:
-            self._read_ranges.append((cur, end))
+            self._read_ranges = _appended(self._read_ranges, (cur, end))
 
     def _merged_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
         """The store's rows in [begin, end) overlaid with this transaction's writes."""
@@ -577,7 +597,8 @@ class Transaction:
 
     async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
         self._check_usable()
-        self._engine.hooks.on_read(self)
+        if self._engine.hooked:
+            self._engine.hooks.on_read(self)
         ref = sel.key
         if ref > SYSTEM_KEY_PREFIX:
             ref = SYSTEM_KEY_PREFIX
@@ -606,7 +627,7 @@ class Transaction:
         if self._next_write_no_conflict:
             self._next_write_no_conflict = False
             return
-        self._write_ranges.append((begin, end))
+        self._write_ranges = _appended(self._write_ranges, (begin, end))
         self._size += len(begin) + len(end)
 
     def _add_write_point(self, key: bytes) -> None:
@@ -751,10 +772,10 @@ class Transaction:
         _check_value(value)
         index = len(self._mutations)
         self._mutations.append(("set", body, bytes(value)))  # replaced at resolve time
-        self._stamped.append((index, "key", body, bytes(value), offset))
+        self._stamped = _appended(self._stamped, (index, "key", body, bytes(value), offset))
         low = body[:offset] + b"\x00" * 10 + body[offset + 10 :]
         high = body[:offset] + b"\xff" * 10 + body[offset + 10 :]
-        self._unreadable_new.append((low, key_after(high)))
+        self._unreadable_new = _appended(self._unreadable_new, (low, key_after(high)))
         self._size += len(body) + len(value)
         # its write conflict is added on the final key at commit
         self._next_write_no_conflict = False
@@ -767,7 +788,7 @@ class Transaction:
         key = bytes(key)
         index = len(self._mutations)
         self._mutations.append(("set", key, body))
-        self._stamped.append((index, "value", key, body, offset))
+        self._stamped = _appended(self._stamped, (index, "value", key, body, offset))
         self._writes[key] = (_UNREADABLE, None)
         self._size += len(key) + len(body)
         self._add_write_point(key)
@@ -787,7 +808,7 @@ class Transaction:
         self._check_usable()
         _check_range(begin, end)
         if begin < end:
-            self._write_ranges.append((bytes(begin), bytes(end)))
+            self._write_ranges = _appended(self._write_ranges, (bytes(begin), bytes(end)))
             self._size += len(begin) + len(end)
 
     def add_write_conflict_key(self, key: bytes) -> None:
@@ -801,7 +822,7 @@ class Transaction:
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004)
         w = Watch(self._engine, bytes(key))
-        self._watches.append(w)
+        self._watches = _appended(self._watches, w)
         return w
 
     def get_versionstamp(self) -> _Deferred:
@@ -825,13 +846,14 @@ class Transaction:
     # -- commit and retry -------------------------------------------------
 
     async def commit(self) -> None:
-        self._check_usable()
+        if self._cancelled or self._committing or self._committed_version is not None or self._timeout is not None:
+            self._check_usable()  # (the usual case, a usable transaction without a timeout, skips the call)
         # A checkpoint before anything is handed over, as every trio operation is: a cancelled
         # task gets Cancelled here, with nothing sent (after this point a commit is never
         # abandoned). Without it a task committing in a loop could not be cancelled at all: the
         # pipeline's waits are uninterruptible and an inline write yields, if at all, only in a
         # shielded checkpoint. (The fdb backend's commit checks the same way.)
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await checkpoint_if_cancelled()
         engine = self._engine
         # Values the watches compare against: what this transaction saw or wrote.
         for w in self._watches:
@@ -846,7 +868,8 @@ class Transaction:
         if not self._mutations and not self._write_ranges and not self._write_points:
             self._finish(-1, None)
             return
-        engine.hooks.before_commit(self)
+        if engine.hooked:
+            engine.hooks.before_commit(self)
         read_version = self._read_version if self._read_version is not None else engine.committed_version()
         # The lists are handed over, not copied: a committing transaction is
         # frozen (2017 on any use), and a retry starts from fresh ones

@@ -220,6 +220,10 @@ class _Job:
         store = self.store
         try:
             await store._sync.done()
+            if store._closed:
+                # Closed while this batch was on disk: close() saw its sync through, so it
+                # is durable (reopening replays it), but the log and the tree are shut.
+                return
             store._note_sync_time(time.perf_counter() - self.started)
             sealed = store._log.synced(self.nbytes)  # a full segment is sealed here, on the loop
         except BaseException as exc:

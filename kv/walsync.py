@@ -145,10 +145,16 @@ class SyncHelper:
         with trio.CancelScope(shield=True):
             while len(self._reply) < _fsyncd.REPLY.size:
                 sock = self._sock
-                assert sock is not None
+                if sock is None:
+                    break  # close() took the answer over (see there)
                 # Wait first: the answer comes after an fdatasync (>= 0.1 ms), so a recv
                 # tried at once only fails (a system call and an exception per batch).
-                await trio.lowlevel.wait_readable(sock)
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                except trio.ClosedResourceError:
+                    continue  # close() read the answer and closed the socket
+                if self._sock is not sock:
+                    continue  # woken, then close() ran before this task did: same as above
                 try:
                     chunk = sock.recv(_fsyncd.REPLY.size - len(self._reply))
                 except BlockingIOError:  # a spurious wake-up: wait again
@@ -175,6 +181,8 @@ class SyncHelper:
 
     def _finish(self) -> None:
         self._asked = False
+        if len(self._reply) < _fsyncd.REPLY.size:  # cannot happen: close() and _lost() always complete it
+            raise OSError(5, "the log's sync helper went away without an answer")
         (status,) = _fsyncd.REPLY.unpack(self._reply)
         if status:
             raise OSError(status, f"fdatasync of the write-ahead log failed: {os.strerror(status)}")
@@ -183,7 +191,9 @@ class SyncHelper:
         """Stop the helper (end of input: it exits at once).
 
         A request still out is seen through first (blocking: one sync), so
-        its batch's waiter hears a real outcome when it next runs.
+        its batch's waiter hears a real outcome when it next runs. A waiter
+        parked on the socket is woken before the socket closes: trio would
+        never wake a task waiting on a descriptor closed under it.
         """
         if self._asked and len(self._reply) < _fsyncd.REPLY.size and self._sock is not None:
             self._sock.setblocking(True)
@@ -196,6 +206,11 @@ class SyncHelper:
                     self._reply += chunk
             except OSError:
                 self._sync_here()
+        if self._sock is not None:
+            try:
+                trio.lowlevel.notify_closing(self._sock)
+            except RuntimeError:
+                pass  # not in a trio run: nobody can be waiting on it
         self._drop()
 
     @property

@@ -324,7 +324,7 @@ async def test_snapshot_versions_are_exact_while_the_writer_thread_commits(tmp_p
 
 
 async def test_closing_with_commits_queued_answers_every_one(tmp_path):
-    """Closing while commits are queued behind a batch on the writer thread:
+    """Closing while commits are queued behind a batch on its way to disk:
     the one on disk finishes, every commit still waiting is answered
     (committed or "database is closed"), none hangs."""
     db = await kv.open(f"lmdb:{tmp_path}")

@@ -248,3 +248,41 @@ def test_the_helper_exits_when_its_parent_is_killed(tmp_path):
             assert len(await _all(db, b"c/", b"c0")) == 200
 
     trio.run(check)
+
+
+async def test_closing_while_a_commit_waits_for_its_sync_answers_it_committed(tmp_path):
+    """close() with a batch's waiter parked on the helper's socket: close sees
+    the sync through, wakes the waiter (a task waiting on a closed socket is
+    never woken otherwise) and the commit is acknowledged: it is durable."""
+    import threading
+
+    gate = tmp_path / "gate"
+    path = tmp_path / "data"
+    db = _open(path)
+    store = db.engine.store
+    await _commit_concurrently(db, b"warm/", 16)
+    store._sync.close()
+    store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
+        "    import os, time\n"
+        "    while not os.path.exists(%r):\n"
+        "        time.sleep(0.01)\n"
+        "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+    outcome: list[str] = []
+
+    async def commit() -> None:
+        tr = db.create_transaction()
+        tr.set(b"held", b"x")
+        await tr.commit()
+        outcome.append("ok")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit)
+            await trio.sleep(0.2)  # the commit is parked on the helper's answer
+            assert outcome == []
+            threading.Timer(0.2, gate.touch).start()  # answered while close() waits for it
+            await db.close()
+    assert outcome == ["ok"]
+    async with _open(path) as db:
+        tr = db.create_transaction()
+        assert await tr.get(b"held") == b"x"

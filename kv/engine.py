@@ -340,7 +340,7 @@ class Engine:
                         # await happens in between, so nothing can cancel it).
                         inline = True
                         self.stats["inline_batches"] += 1
-                        await self._write_one_batch(batch, inline=True)
+                        self._write_inline(batch)
                     elif batch:
                         with trio.CancelScope(shield=True):
                             handed = await self._write_one_batch(batch)
@@ -474,17 +474,40 @@ class Engine:
             req.done = True
             _wake(req)
 
-    async def _write_one_batch(self, batch: list[CommitRequest], inline: bool = False) -> bool:
-        """Resolve, apply and answer ``batch``.
+    def _write_inline(self, batch: list[CommitRequest]) -> None:
+        """Resolve, apply and answer ``batch`` with the store's ``apply_sync``, on the loop.
 
-        ``inline``: the store writes it synchronously (``apply_sync``), so
-        this coroutine never suspends and nothing can cancel it half-way;
-        otherwise the caller shields it while the store writes. Returns True
-        if it handed the pipeline on to a waiter of the next batch (see
+        A plain call, not a coroutine: it never suspends, so nothing can
+        cancel it half-way (and the memory engine, whose every commit is a
+        batch written this way, does not build a coroutine per commit).
+        ``_write_one_batch`` is the same for a store that is awaited.
+        """
+        version, accepted, mutations = self._resolve(batch)
+        try:
+            failures = {}
+            if accepted:
+                if self.closed:  # the store is closed: nothing may be written
+                    raise KVError(2000, "database is closed")
+                if self.hooked:
+                    self._hooks.before_apply(version, accepted)
+                self.store.apply_sync(version, mutations)
+                failures = self._applied(version, accepted, mutations)
+        except BaseException as exc:
+            self._fail(batch, version, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._deliver(batch, version, failures)
+
+    async def _write_one_batch(self, batch: list[CommitRequest]) -> bool:
+        """Resolve, apply and answer ``batch`` through the store's thread or helper.
+
+        The caller shields it while the store writes. Returns True if it
+        handed the pipeline on to a waiter of the next batch (see
         ``_finish_submitted``).
         """
         version, accepted, mutations = self._resolve(batch)
-        if not inline and self._submit is not None:
+        if self._submit is not None:
             job = self._start(batch, version, accepted, mutations)
             if job is None:
                 return False
@@ -496,14 +519,11 @@ class Engine:
                     raise KVError(2000, "database is closed")
                 if self.hooked:
                     self._hooks.before_apply(version, accepted)
-                if inline:
-                    self.store.apply_sync(version, mutations)
-                else:
-                    self._applying_version = version
-                    try:
-                        await self.store.apply(version, mutations)
-                    finally:
-                        self._applying_version = None
+                self._applying_version = version
+                try:
+                    await self.store.apply(version, mutations)
+                finally:
+                    self._applying_version = None
                 failures = self._applied(version, accepted, mutations)
         except BaseException as exc:
             self._fail(batch, version, exc)

@@ -93,6 +93,19 @@ def _fake_helper(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
+async def _hold_answers_until(db, tmp_path: Path, gate: Path) -> None:
+    """After a warm-up (the real helper started), swap in a helper that answers
+    each request (success) only once ``gate`` exists."""
+    store = db.engine.store
+    await _commit_concurrently(db, b"warm/", 16)
+    store._sync.close()
+    store._sync = SyncHelper(store.path / "wal", script=_fake_helper(tmp_path, (
+        "    import os, time\n"
+        "    while not os.path.exists(%r):\n"
+        "        time.sleep(0.01)\n"
+        "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+
+
 async def test_pipelined_batches_are_synced_by_one_helper_that_exits_with_the_store(tmp_path):
     path = tmp_path / "data"
     db = _open(path)
@@ -185,14 +198,7 @@ async def test_no_batch_is_acknowledged_before_its_sync_is_answered(tmp_path):
     gate = tmp_path / "gate"
     path = tmp_path / "data"
     async with _open(path) as db:
-        store = db.engine.store
-        await _commit_concurrently(db, b"warm/", 16)
-        store._sync.close()
-        store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
-            "    import os, time\n"
-            "    while not os.path.exists(%r):\n"
-            "        time.sleep(0.01)\n"
-            "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+        await _hold_answers_until(db, tmp_path, gate)
         done = trio.Event()
 
         async def commit() -> None:
@@ -259,14 +265,7 @@ async def test_closing_while_a_commit_waits_for_its_sync_answers_it_committed(tm
     gate = tmp_path / "gate"
     path = tmp_path / "data"
     db = _open(path)
-    store = db.engine.store
-    await _commit_concurrently(db, b"warm/", 16)
-    store._sync.close()
-    store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
-        "    import os, time\n"
-        "    while not os.path.exists(%r):\n"
-        "        time.sleep(0.01)\n"
-        "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+    await _hold_answers_until(db, tmp_path, gate)
     outcome: list[str] = []
 
     async def commit() -> None:

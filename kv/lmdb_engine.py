@@ -51,7 +51,6 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import lmdb
 import trio

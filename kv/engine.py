@@ -33,7 +33,7 @@ from trio.lowlevel import current_task, reschedule, wait_task_rescheduled
 
 from .errors import KVError
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_TRANSACTIONS, MAX_WATCHES, MVCC_WINDOW_VERSIONS, VERSIONS_PER_SECOND
-from .resolver import Resolver, key_after
+from .resolver import Resolver
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import struct
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 import trio
 from trio.lowlevel import checkpoint_if_cancelled

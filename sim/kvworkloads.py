@@ -97,7 +97,6 @@ class CycleScenario(Scenario):
                 n.start_soon(client, c)
 
     async def check(self, checker: Checker) -> None:
-        app = CycleApp(checker.db, self.N)
 
         async def read(tr: Any) -> list[bytes]:
             return [kv_.value for kv_ in await tr.get_range(CYCLE_PREFIX, CYCLE_PREFIX + b"\xff")]

@@ -41,7 +41,6 @@ import os
 import resource
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

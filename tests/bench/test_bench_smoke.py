@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parents[1]

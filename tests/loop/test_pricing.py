@@ -9,7 +9,6 @@ Real memory and lmdb engines; the only fake is the hosted provider, at the wire
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import trio

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import httpx
-import pytest
 import trio
 
 from loop.runtime import Runtime

@@ -7,7 +7,6 @@ import time
 
 import httpx
 import jwt
-import pytest
 import trio
 
 from server.auth import AuthConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from server_helpers import TOKEN, free_port
-from test_server_process import ROOT, start_cli, wait_healthy
+from test_server_process import start_cli, wait_healthy
 
 pytest.importorskip("schemathesis")
 

@@ -87,7 +87,6 @@ async def test_attachments_round_trip_limits_and_ownership():
             # the decoded cap is checked on its own too (base64 without padding slack can't exceed it here,
             # so prove the message: over by N bytes, via a direct call of the transport-free API)
             from server.api import ApiRequest, ROUTES_BY_NAME
-            from server.auth import Principal
             big = base64.b64encode(b"q" * (MAX_ATTACHMENT_BYTES + 5)).decode()
             resp = await s.api.handle(ROUTES_BY_NAME["create_attachment"], ApiRequest(
                 "POST", {}, {}, {"authorization": f"Bearer {make_jwt('alice')}", "content-type": "application/json"},

@@ -10,7 +10,7 @@ import trio
 
 from server.auth import STREAM_AUDIENCE
 
-from server_helpers import SSEReader, TOKEN, serving, ticking_agent, wait_settled
+from server_helpers import SSEReader, serving, ticking_agent, wait_settled
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -81,7 +81,7 @@ async def test_disconnect_and_resume_with_last_event_id_equals_live_follower():
                                          headers={**SSE, "Last-Event-ID": resumed[-1]["id"]}) as r:
                         reader = SSEReader(r)
                         resumed.extend(await reader.events_until(lambda f: f.get("event") == "tool.completed"))
-                async with c2.stream("GET", f"/v1/conversations/c/events",
+                async with c2.stream("GET", "/v1/conversations/c/events",
                                      headers={**SSE, "Last-Event-ID": resumed[-1]["id"]}) as r:
                     reader = SSEReader(r)
                     resumed.extend(await reader.events_until(
@@ -163,7 +163,7 @@ async def test_heartbeats_on_an_idle_stream():
         async with s.client() as c:
             ack = (await c.post("/v1/conversations/c/messages", json={"message": "x"})).json()
             await wait_settled(c, ack["run_id"])
-            async with c.stream("GET", f"/v1/conversations/c/events", headers=SSE) as r:
+            async with c.stream("GET", "/v1/conversations/c/events", headers=SSE) as r:
                 reader = SSEReader(r)
                 await reader.events_until(settled)
                 with trio.fail_after(5):
@@ -179,7 +179,6 @@ async def test_many_followers_share_one_hub_and_all_get_everything():
             first = (await c.post("/v1/conversations/c/messages", json={"message": "warm"})).json()
             await wait_settled(c, first["run_id"])
             got: list[list[str]] = []
-            started = 0
 
             async def follower(task_status=trio.TASK_STATUS_IGNORED):
                 async with c.stream("GET", f"/v1/conversations/c/events?after={first['cursor']}", headers=SSE) as r:

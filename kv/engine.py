@@ -237,7 +237,7 @@ class Engine:
         # and whether the engine should yield after such a write.
         self._can_apply_inline: Callable[[int], bool] = getattr(store, "can_apply_inline", lambda n: False)
         self._checkpoint_after_inline: bool = getattr(store, "checkpoint_after_inline", True)
-        # A store that writes on its own thread may accept a batch without being
+        # A store that syncs off the event loop may accept a batch without being
         # awaited (``submit(version, mutations) -> job``, ``await job.wait()``):
         # the engine then hands it the next batch the moment one is durable.
         self._submit: Callable[[int, list[Mutation]], Any] | None = getattr(store, "submit", None)
@@ -500,7 +500,7 @@ class Engine:
         self._deliver(batch, version, failures)
 
     async def _write_one_batch(self, batch: list[CommitRequest]) -> bool:
-        """Resolve, apply and answer ``batch`` through the store's thread or helper.
+        """Resolve, apply and answer ``batch`` through a store that is awaited (its sync helper).
 
         The caller shields it while the store writes. Returns True if it
         handed the pipeline on to a waiter of the next batch (see
@@ -515,7 +515,7 @@ class Engine:
         try:
             failures = {}
             if accepted:
-                if self.closed:  # the store is closed (its writer thread gone): nothing would ever answer
+                if self.closed:  # the store is closed (its sync helper gone): nothing would ever answer
                     raise KVError(2000, "database is closed")
                 if self.hooked:
                     self._hooks.before_apply(version, accepted)
@@ -535,12 +535,12 @@ class Engine:
 
     def _start(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
                mutations: list[Mutation]) -> Any:
-        """Hand a resolved batch to the store's thread; None if it is already answered."""
+        """Hand a resolved batch to the store (written, its sync under way); None if it is already answered."""
         if not accepted:
             self._deliver(batch, version, {})
             return None
         try:
-            if self.closed:  # the store is closed (its writer thread gone): nothing would ever answer
+            if self.closed:  # the store is closed (its sync helper gone): nothing would ever answer
                 raise KVError(2000, "database is closed")
             if self.hooked:
                 self._hooks.before_apply(version, accepted)
@@ -558,7 +558,7 @@ class Engine:
         """Wait for a submitted batch, then hand on the next one before answering this one.
 
         Why: the commits that arrived while this batch was on disk are the
-        next batch. Resolving it and giving it to the writer thread here, as
+        next batch. Resolving it and giving it to the store here, as
         soon as this one is durable and before this batch's tasks are woken,
         keeps the disk busy; otherwise it idled while the loop ran this
         batch's woken tasks before the next leader got its turn. Versions

@@ -4,7 +4,8 @@ Run by :class:`kv.walsync.SyncHelper` as ``python -I -S _fsyncd.py SOCKET_FD WAL
 (standard library only, so it starts in milliseconds and never imports the
 package). Why a process: see ``kv.walsync``.
 
-Protocol on the inherited stream socket, one request at a time:
+Protocol on the inherited stream socket, requests answered in order (the
+parent may send the next before the previous is answered):
 
 * request: the segment number to sync, u64 little-endian;
 * reply: u32 little-endian, 0 when ``fdatasync`` of that segment returned, else

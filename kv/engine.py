@@ -241,16 +241,20 @@ class Engine:
         # awaited (``submit(version, mutations) -> job``, ``await job.wait()``):
         # the engine then hands it the next batch the moment one is durable.
         self._submit: Callable[[int, list[Mutation]], Any] | None = getattr(store, "submit", None)
+        # Such a store may also take the next batch while one is still out
+        # (``can_submit_ahead() -> bool``, asked each time): see _finish_submitted.
+        self._submit_ahead: Callable[[], bool] | None = getattr(store, "can_submit_ahead", None)
         self._last_version = store.committed_version()
         self._max_read_version = self._last_version
-        self._applying_version: int | None = None
+        self._applying_version: int | None = None  # the oldest batch out (written, not yet published)
+        self._last_assigned = self._last_version  # the newest batch version handed out
         self._pending: list[CommitRequest] = []
         self._writing = False
         self._watches: dict[bytes, set[Watch]] = {}
         self._watch_count = 0
         self.closed = False
         self.stats = {"batches": 0, "commits": 0, "conflicts": 0, "too_old": 0, "inline_batches": 0,
-                      "chained_batches": 0}
+                      "chained_batches": 0, "ahead_batches": 0}
 
     @property
     def hooks(self) -> FaultHooks:
@@ -292,8 +296,12 @@ class Engine:
     def _next_version(self) -> int:
         """Above every committed version and every read version handed out; else the clock's."""
         floor = self._last_version if self._last_version > self._max_read_version else self._max_read_version
+        if self._last_assigned > floor:  # a batch still out (submitted ahead) has the newest version
+            floor = self._last_assigned
         v = int(self.clock() * VERSIONS_PER_SECOND)
-        return v if v > floor else floor + 1
+        v = v if v > floor else floor + 1
+        self._last_assigned = v
+        return v
 
     def check_read_version(self, read_version: int) -> None:
         if read_version < self.version_now() - self.mvcc_window:
@@ -550,8 +558,29 @@ class Engine:
             if not isinstance(exc, Exception):
                 raise
             return None
-        self._applying_version = version
+        if self._applying_version is None:
+            self._applying_version = version
         return job
+
+    def _start_next(self) -> tuple | None:
+        """Take, resolve and hand to the store the next pending batch; None if nothing is
+        pending (or every batch taken was answered without a write: all conflicts)."""
+        while self._pending and not self.closed:
+            nbatch = self._take_batch()
+            nversion, naccepted, nmutations = self._resolve(nbatch)
+            njob = self._start(nbatch, nversion, naccepted, nmutations)
+            if njob is not None:
+                self.stats["chained_batches"] += 1
+                return (nbatch, nversion, naccepted, nmutations, njob)
+        return None
+
+    def _hand(self, lead: tuple) -> None:
+        """Give a batch that is out to its first waiter, who sees it through."""
+        # Every request of that batch is a parked waiter (or already woken and
+        # not yet run): its first one waits for it, then passes the pipeline on.
+        waiter = lead[0][0]
+        waiter.lead = lead
+        _wake(waiter)
 
     async def _finish_submitted(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
                                 mutations: list[Mutation], job: Any) -> bool:
@@ -565,40 +594,53 @@ class Engine:
         stay in order: this batch is booked (``_applied``, which publishes
         it in the store) before the next one is resolved and submitted.
 
+        Ahead: a store that can (``can_submit_ahead``) is given the next
+        batch while this one is still out, once the tasks running alongside
+        this one had their turn (one checkpoint: the rest of this scheduler
+        round, e.g. the previous batch's woken tasks, queue their commits).
+        The loop hears a sync only between task steps, so otherwise the next
+        batch's sync started only after the loop's current round; written
+        behind this one, its sync starts as soon as this one's returns.
+        Batches are still waited for, published and answered in version order.
+
         Returns True if a waiter of the next batch now owns the pipeline.
         """
+        nxt = None
+        if self._submit_ahead is not None and not self.closed:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if self._pending and not self.closed and self._submit_ahead():
+                nxt = self._start_next()
+                if nxt is not None:
+                    self.stats["ahead_batches"] += 1
         try:
             await job.wait()
         except BaseException as exc:
-            self._applying_version = None
+            self._applying_version = nxt[1] if nxt is not None else None
             self._fail(batch, version, exc)
+            if nxt is not None:
+                # The batch behind this one is out: its waiter sees it through (and hears
+                # the store's verdict on it). This batch's members carry the error.
+                self._hand(nxt)
+                return True
             if not isinstance(exc, Exception):
                 raise
             return False
-        self._applying_version = None
+        self._applying_version = nxt[1] if nxt is not None else None
         try:
             failures = self._applied(version, accepted, mutations)
         except BaseException as exc:  # a fault hook: the batch is durable, nobody hears
             self._fail(batch, version, exc)
+            if nxt is not None:
+                self._hand(nxt)
+                return True
             if not isinstance(exc, Exception):
                 raise
             return False
-        lead = None
-        while self._pending and lead is None and not self.closed:
-            nbatch = self._take_batch()
-            nversion, naccepted, nmutations = self._resolve(nbatch)
-            njob = self._start(nbatch, nversion, naccepted, nmutations)
-            if njob is not None:
-                lead = (nbatch, nversion, naccepted, nmutations, njob)
-                self.stats["chained_batches"] += 1
+        lead = nxt if nxt is not None else self._start_next()
         self._deliver(batch, version, failures)
         if lead is None:
             return False
-        # Every request of the next batch is a parked waiter (or already
-        # woken and not yet run): its first one sees the batch through.
-        waiter = lead[0][0]
-        waiter.lead = lead
-        _wake(waiter)
+        self._hand(lead)
         return True
 
     # -- watches ----------------------------------------------------------

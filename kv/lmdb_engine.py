@@ -205,14 +205,16 @@ class _Job:
     ``await wait()`` hears the sync (the waiter is shielded: see
     ``SyncHelper.done``), then books the batch in the store (``_publish``)
     or, if the log failed, unstages it and raises. The engine has at most
-    one job in flight and waits for it before submitting the next, so
+    two jobs out (the next batch is written while one syncs, see
+    ``LmdbStore.can_submit_ahead``) and waits for them in version order, so
     batches publish in version order.
     """
 
-    __slots__ = ("store", "version", "touched", "nbytes", "started")
+    __slots__ = ("store", "version", "touched", "dead", "nbytes", "started")
 
-    def __init__(self, store: "LmdbStore", version: int, touched: list[bytes], nbytes: int) -> None:
-        self.store, self.version, self.touched, self.nbytes = store, version, touched, nbytes
+    def __init__(self, store: "LmdbStore", version: int, touched: list[bytes], dead: list[tuple[int, bytes]],
+                 nbytes: int) -> None:
+        self.store, self.version, self.touched, self.dead, self.nbytes = store, version, touched, dead, nbytes
         self.started = time.perf_counter()
 
     async def wait(self) -> None:
@@ -223,6 +225,11 @@ class _Job:
                 # Closed while this batch was on disk: close() saw its sync through, so it
                 # is durable (reopening replays it), but the log and the tree are shut.
                 return
+            if store._broken is not None:
+                # An earlier batch's sync failed after this one was written behind it: the
+                # log cannot be trusted past that point, so this one is not known durable either.
+                raise KVError(1021, f"an earlier write-ahead log write failed ({store._broken!r}); "
+                                    "the batch may or may not be durable")
             store._note_sync_time(time.perf_counter() - self.started)
             sealed = store._log.synced(self.nbytes)  # a full segment is sealed here, on the loop
         except BaseException as exc:
@@ -231,7 +238,7 @@ class _Job:
             if error is exc:
                 raise
             raise error from exc
-        store._publish(self.version, self.touched, self.nbytes, sealed)
+        store._publish(self.version, self.touched, self.dead, self.nbytes, sealed)
 
 
 class LmdbStore:
@@ -299,7 +306,6 @@ class LmdbStore:
         self._dead: deque[tuple[int, bytes]] = deque()  # (version, key) of tombstones, oldest first
         self._purged: list[tuple[int, bytes]] = []  # purged tombstones the base does not hold yet
         self._broken: BaseException | None = None
-        self._staged_dead: list[tuple[int, bytes]] = []  # the batch in flight's tombstones
         self._commit_seconds = 0.0  # recent log sync time (moving average), for can_apply_inline
         self._use_checkpointer = checkpointer
         self._proc: subprocess.Popen | None = None
@@ -496,7 +502,7 @@ class LmdbStore:
 
     def apply_sync(self, version: int, mutations: list[Mutation]) -> int:
         """Stage, log and publish one batch on the calling (loop) thread."""
-        record, touched = self._stage(version, mutations)
+        record, touched, dead = self._stage(version, mutations)
         try:
             sealed = self._append(record)
         except BaseException as exc:
@@ -505,7 +511,7 @@ class LmdbStore:
             if error is exc:
                 raise
             raise error from exc
-        self._publish(version, touched, len(record), sealed)
+        self._publish(version, touched, dead, len(record), sealed)
         return len(record)
 
     async def apply(self, version: int, mutations: list[Mutation]) -> None:
@@ -517,11 +523,11 @@ class LmdbStore:
         to make it durable; ``await job.wait()`` hears the outcome and
         publishes it (or unstages it).
 
-        The engine submits the next batch only after this one's wait returned
-        (see ``Engine._finish_submitted``), so batches publish in version order
-        and the helper has one request at a time.
+        The engine submits a batch while another is out only when
+        ``can_submit_ahead()`` says so, and waits for the jobs in submission
+        (= version) order, so batches publish in version order.
         """
-        record, touched = self._stage(version, mutations)
+        record, touched, dead = self._stage(version, mutations)
         try:
             self._log.write(record)  # into the page cache: microseconds for a batch's few KiB
             self._sync.request(self._log.number, self._log.wfd)
@@ -531,9 +537,22 @@ class LmdbStore:
             if error is exc:
                 raise
             raise error from exc
-        return _Job(self, version, touched, len(record))
+        return _Job(self, version, touched, dead, len(record))
 
-    def _stage(self, version: int, mutations: list[Mutation]) -> tuple[bytes, list[bytes]]:
+    def can_submit_ahead(self) -> bool:
+        """Whether the next batch may be written and its sync requested while one is still out.
+
+        Why: the loop hears a sync only between task steps, so with one
+        batch out the disk waited for the loop's tick (running the previous
+        batch's woken tasks) before the next batch's sync could start. With
+        the next batch written behind it, the helper starts that sync the
+        moment the first one returns. Not when the segment is full (it is
+        sealed only once all it holds is durable: see ``LogWriter.has_room``)
+        nor after a log failure.
+        """
+        return self._broken is None and self._sync.has_room() and self._log.has_room()
+
+    def _stage(self, version: int, mutations: list[Mutation]) -> tuple[bytes, list[bytes], list[tuple[int, bytes]]]:
         """Put the batch's effects into the overlay at ``version`` (not yet visible)
         and encode its log record. All or nothing: a failure unstages."""
         if self._broken is not None:
@@ -592,8 +611,7 @@ class LmdbStore:
         except BaseException:
             self._unstage(version, touched)
             raise
-        self._staged_dead = dead
-        return record, touched
+        return record, touched, dead
 
     def _put(self, version: int, key: bytes, value: bytes | None, touched: list[bytes]) -> None:
         top = self._top_ver.get(key)
@@ -646,10 +664,20 @@ class LmdbStore:
             self._keys.remove(key)
 
     def _unstage(self, version: int, touched: list[bytes]) -> None:
-        # The batch being unstaged is the newest, so its entries are the keys' tops.
+        # Usually the batch being unstaged is the newest, so its entries are the keys' tops. A
+        # batch written behind it (can_submit_ahead) may be staged on top: then its entry is
+        # in the key's older list, taken out there.
         for key in touched:
             if self._top_ver.get(key) != version:
-                continue  # not there (or a repeat in touched, already undone)
+                older = self._older.get(key)
+                if older is not None:
+                    for i in range(0, len(older), 2):
+                        if older[i] == version:
+                            del older[i:i + 2]
+                            if not older:
+                                del self._older[key]
+                            break
+                continue  # (or not there: a repeat in touched, already undone)
             older = self._older.get(key)
             if older is None:
                 self._drop_key(key)
@@ -676,12 +704,13 @@ class LmdbStore:
         log.error("write-ahead log write failed in %s: %r; refusing commits until reopened", self.path, exc)
         return KVError(1021, f"the write-ahead log write failed ({exc!r}); the batch may or may not be durable")
 
-    def _publish(self, version: int, touched: list[bytes], nbytes: int, sealed: bool) -> None:
+    def _publish(self, version: int, touched: list[bytes], dead: list[tuple[int, bytes]], nbytes: int,
+                 sealed: bool) -> None:
         self._version = version
         # a tuple: untracked by the collector after one pass (a list never is)
         self._recent.append((version, tuple(touched)))
-        if self._staged_dead:
-            self._dead.extend(self._staged_dead)
+        if dead:
+            self._dead.extend(dead)
         stats = self.stats
         stats["batches"] += 1
         stats["bytes_written"] += nbytes

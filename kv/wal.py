@@ -165,7 +165,8 @@ class LogWriter:
         existing = list_segments(wal_dir)
         self.number = existing[-1][0] + 1 if existing else 1
         self.fd, self.wfd = self._create(self.number)
-        self.size = 0
+        self.size = 0  # bytes of the current segment known durable
+        self.written = 0  # bytes written to it (durable or not: a record may be ahead of its sync)
         self.fsyncs = 0  # every fdatasync / fsync this writer made or had made
 
     def _create(self, number: int) -> tuple[int, int]:
@@ -183,7 +184,9 @@ class LogWriter:
 
     def append(self, record: bytes) -> bool:
         """Write ``record`` and make it durable; seal the segment once it is full."""
+        assert self.written == self.size, "an inline append with a record still unsynced"
         _write_all(self.fd, record)
+        self.written += len(record)
         if not SYNC_OPEN_FLAG:
             os.fdatasync(self.fd)
         return self.synced(len(record))
@@ -191,12 +194,26 @@ class LogWriter:
     def write(self, record: bytes) -> None:
         """Write ``record`` without syncing it (see ``synced``)."""
         _write_all(self.wfd, record)
+        self.written += len(record)
+
+    def has_room(self) -> bool:
+        """Whether a record written now still goes to this segment before it is sealed.
+
+        A segment is sealed only once everything written to it is durable
+        (``synced``): a sealed segment is checkpointed into the tree, and a
+        record whose sync is still out must not get there first. So once a
+        segment holds ``segment_bytes``, nothing more is written ahead of the
+        syncs; the next record waits for the seal and starts the next segment.
+        """
+        return self.written < self.segment_bytes
 
     def synced(self, nbytes: int) -> bool:
-        """A record of ``nbytes`` is durable; seal the segment once it is full."""
+        """A record of ``nbytes`` is durable; seal the segment once it is full
+        and nothing written to it is still waiting for its sync."""
         self.fsyncs += 1  # a synced write (O_DSYNC) or an fdatasync
         self.size += nbytes
-        if self.size < self.segment_bytes:
+        assert self.size <= self.written, (self.size, self.written)
+        if self.size < self.segment_bytes or self.size < self.written:
             return False
         self.seal()
         return True
@@ -206,7 +223,7 @@ class LogWriter:
         fd, wfd = self._create(self.number + 1)
         self.fsyncs += 1
         self._close_fds()
-        self.fd, self.wfd, self.number, self.size = fd, wfd, self.number + 1, 0
+        self.fd, self.wfd, self.number, self.size, self.written = fd, wfd, self.number + 1, 0, 0
 
     def _close_fds(self) -> None:
         if self.wfd != self.fd:

@@ -34,6 +34,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 import trio
@@ -42,22 +43,25 @@ from . import _fsyncd
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SyncHelper", "MAX_HELPER_STARTS", "HELPER_EXIT_SECONDS"]
+__all__ = ["HELPER_EXIT_SECONDS", "MAX_HELPER_STARTS", "MAX_IN_FLIGHT", "SyncHelper"]
 
 MAX_HELPER_STARTS = 5  # after this many starts of the helper, sync on the loop instead
+MAX_IN_FLIGHT = 2  # sync requests out at once: the next batch is written while one syncs
 HELPER_EXIT_SECONDS = 5.0  # close() waits this long for the helper to exit, then kills it
 _SCRIPT = str(Path(_fsyncd.__file__).resolve())
 
-assert MAX_HELPER_STARTS > 0 and HELPER_EXIT_SECONDS > 0
+assert MAX_HELPER_STARTS > 0 and HELPER_EXIT_SECONDS > 0 and MAX_IN_FLIGHT >= 1
 
 
 class SyncHelper:
-    """One helper process serving one log; one request in flight at a time.
+    """One helper process serving one log; up to ``MAX_IN_FLIGHT`` requests out.
 
-    ``request(number, fd)`` is called on the loop after the record was written
-    to segment ``number`` through ``fd``; ``await done()`` returns once it is durable
-    (raising ``OSError`` if the sync failed). The engine's pipeline never has
-    two batches in flight, so replies are matched to requests by order.
+    ``request(number, fd)`` is called on the loop after a record was written
+    to segment ``number`` through ``fd``; one ``await done()`` per request,
+    in request order, returns once that record is durable (raising
+    ``OSError`` if the sync failed). The helper answers in order, so answers
+    are matched to requests by position. The engine calls ``done()`` from
+    one task at a time (it waits for batches in version order).
     """
 
     def __init__(self, wal_dir: Path, *, script: str = _SCRIPT) -> None:
@@ -66,9 +70,10 @@ class SyncHelper:
         self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._asked = False  # a request is out and its outcome not yet taken by done()
-        self._reply = b""  # its reply so far (u32 errno, 0: durable)
-        self._fd = -1  # the descriptor its record was written through (for syncing here)
+        self._out = 0  # requests made whose outcome done() has not yet returned
+        self._answers: deque[int] = deque()  # outcomes heard, not yet taken (errno, 0: durable)
+        self._buf = b""  # a partly read answer
+        self._fd = -1  # the descriptor the newest record was written through (for syncing here)
 
     # -- the child ---------------------------------------------------------
 
@@ -96,12 +101,16 @@ class SyncHelper:
         return True
 
     def _lost(self, why: str) -> None:
+        """The helper is gone: every request still unanswered is synced here (one
+        ``fdatasync`` of the segment covers every record written to it)."""
         log.warning("the log's sync helper for %s %s; the batch is synced on the event loop%s", self.wal_dir, why,
                     "" if self.starts < MAX_HELPER_STARTS else ", and so is every later one")
         self._drop()
+        self._sync_here()
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
+        self._buf = b""
         if sock is not None:
             sock.close()
         proc, self._proc = self._proc, None
@@ -112,106 +121,117 @@ class SyncHelper:
                 proc.kill()
                 proc.wait()
 
+    def _sync_here(self) -> None:
+        """Answer every request still unanswered with one sync made here, on the loop."""
+        unanswered = self._out - len(self._answers)
+        if unanswered <= 0:
+            return
+        try:
+            _datasync(self._fd)
+        except OSError as exc:
+            status = exc.errno or 5  # EIO when the error carries none
+        else:
+            status = 0
+        self._answers.extend([status] * unanswered)
+
     # -- the protocol --------------------------------------------------------
 
+    def has_room(self) -> bool:
+        """Whether another request may go out before the oldest is answered."""
+        return self._out < MAX_IN_FLIGHT
+
     def request(self, number: int, fd: int) -> None:
-        """Ask for segment ``number`` to be synced; its record was just written through ``fd``.
+        """Ask for segment ``number`` to be synced; a record was just written to it through ``fd``.
 
         Without a helper (it cannot be started, or kept dying), the sync is
         made here and now, on the loop: slower, never less durable.
         """
-        assert not self._asked, "one sync request at a time"
+        assert self._out < MAX_IN_FLIGHT, "too many sync requests out"
         self._fd = fd
+        self._out += 1
         if self._sock is None and not self._start():
-            _datasync(fd)
+            self._sync_here()
             return
         try:
-            self._sock.send(_fsyncd.REQUEST.pack(number))  # 8 bytes into an empty socket: never partial
+            self._sock.send(_fsyncd.REQUEST.pack(number))  # 8 bytes into a socket holding <= 16: never partial
         except OSError as exc:
             self._lost(f"could not be reached ({exc!r})")
-            _datasync(fd)
-            return
-        self._asked = True
-        self._reply = b""
 
     async def done(self) -> None:
-        """Return once the requested sync is done; raise ``OSError`` if it failed.
+        """Return once the oldest outstanding request is durable; raise ``OSError`` if its sync failed.
 
-        Shielded: the reply must be read before the next request, whatever
+        Shielded: an answer must be taken before the next one, whatever
         happens to the waiting task (the engine shields commits anyway).
         """
-        if not self._asked:
-            return  # synced in request()
+        assert self._out > 0, "done() without a request"
         with trio.CancelScope(shield=True):
-            while len(self._reply) < _fsyncd.REPLY.size:
+            while not self._answers:
                 sock = self._sock
-                if sock is None:
-                    break  # close() took the answer over (see there)
-                # Wait first: the answer comes after an fdatasync (>= 0.1 ms), so a recv
+                if sock is None:  # cannot happen: _lost() and close() answer everything out
+                    raise OSError(5, "the log's sync helper went away without an answer")
+                # Wait first: an answer comes after an fdatasync (>= 0.1 ms), so a recv
                 # tried at once only fails (a system call and an exception per batch).
                 try:
                     await trio.lowlevel.wait_readable(sock)
                 except trio.ClosedResourceError:
-                    continue  # close() read the answer and closed the socket
+                    continue  # close() took the answers over and closed the socket
                 if self._sock is not sock:
                     continue  # woken, then close() ran before this task did: same as above
-                try:
-                    chunk = sock.recv(_fsyncd.REPLY.size - len(self._reply))
-                except BlockingIOError:  # a spurious wake-up: wait again
-                    continue
-                except OSError as exc:
-                    chunk, why = b"", f"failed ({exc!r})"
-                else:
-                    why = "exited"
-                if not chunk:
-                    self._lost(why)
-                    self._sync_here()
-                    break
-                self._reply += chunk
-        self._finish()
-
-    def _sync_here(self) -> None:
-        """The helper is gone with the request unanswered: sync the record ourselves."""
-        try:
-            _datasync(self._fd)
-        except OSError as exc:
-            self._reply = _fsyncd.REPLY.pack(exc.errno or 5)
-        else:
-            self._reply = _fsyncd.REPLY.pack(0)
-
-    def _finish(self) -> None:
-        self._asked = False
-        if len(self._reply) < _fsyncd.REPLY.size:  # cannot happen: close() and _lost() always complete it
-            raise OSError(5, "the log's sync helper went away without an answer")
-        (status,) = _fsyncd.REPLY.unpack(self._reply)
+                self._receive(sock)
+            status = self._answers.popleft()
+            self._out -= 1
         if status:
             raise OSError(status, f"fdatasync of the write-ahead log failed: {os.strerror(status)}")
+
+    def _receive(self, sock: socket.socket) -> None:
+        """Read what answers have arrived (non-blocking) into ``_answers``; on end of input, fail over."""
+        try:
+            chunk = sock.recv(_fsyncd.REPLY.size * MAX_IN_FLIGHT)
+        except BlockingIOError:  # a spurious wake-up: nothing yet
+            return
+        except OSError as exc:
+            chunk, why = b"", f"failed ({exc!r})"
+        else:
+            why = "exited"
+        if not chunk:
+            self._lost(why)
+            return
+        self._take(chunk)
+
+    def _take(self, chunk: bytes) -> None:
+        buf = self._buf + chunk
+        size = _fsyncd.REPLY.size
+        whole = len(buf) - len(buf) % size
+        self._answers.extend(_fsyncd.REPLY.unpack_from(buf, i)[0] for i in range(0, whole, size))
+        self._buf = buf[whole:]
 
     def close(self) -> None:
         """Stop the helper (end of input: it exits at once).
 
-        A request still out is seen through first (blocking: one sync), so
-        its batch's waiter hears a real outcome when it next runs. A waiter
-        parked on the socket is woken before the socket closes: trio would
-        never wake a task waiting on a descriptor closed under it.
+        Requests still out are seen through first (blocking: one sync
+        each), so their batches' waiters hear real outcomes when they next
+        run. A waiter parked on the socket is woken before the socket
+        closes: trio would never wake a task waiting on a descriptor closed
+        under it.
         """
-        if self._asked and len(self._reply) < _fsyncd.REPLY.size and self._sock is not None:
-            self._sock.setblocking(True)
+        sock = self._sock
+        if sock is not None and len(self._answers) < self._out:
+            sock.setblocking(True)
             try:
-                while len(self._reply) < _fsyncd.REPLY.size:
-                    chunk = self._sock.recv(_fsyncd.REPLY.size - len(self._reply))
+                while len(self._answers) < self._out:
+                    chunk = sock.recv(_fsyncd.REPLY.size * MAX_IN_FLIGHT)
                     if not chunk:
-                        self._sync_here()
                         break
-                    self._reply += chunk
+                    self._take(chunk)
             except OSError:
-                self._sync_here()
-        if self._sock is not None:
+                pass
+        if sock is not None:
             try:
-                trio.lowlevel.notify_closing(self._sock)
+                trio.lowlevel.notify_closing(sock)
             except RuntimeError:
                 pass  # not in a trio run: nobody can be waiting on it
         self._drop()
+        self._sync_here()  # whatever the helper left unanswered
 
     @property
     def pid(self) -> int | None:

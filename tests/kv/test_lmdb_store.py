@@ -220,12 +220,12 @@ async def test_a_failed_batch_fails_only_its_own_commits(tmp_path, monkeypatch):
     failed_once = []
 
     def flaky(self, version, mutations):
-        record, touched = original(self, version, mutations)
+        record, touched, dead = original(self, version, mutations)
         if not failed_once and any(m[0] == "set" and m[1].startswith(b"doomed") for m in mutations):
             failed_once.append(version)
             self._unstage(version, touched)  # as _stage does when it fails half-way
             raise lmdb.DiskError("injected failure building the batch")
-        return record, touched
+        return record, touched, dead
 
     monkeypatch.setattr(kv.lmdb_engine.LmdbStore, "_stage", flaky)
     async with await kv.open(f"lmdb:{tmp_path}") as db:

@@ -285,3 +285,113 @@ async def test_closing_while_a_commit_waits_for_its_sync_answers_it_committed(tm
     async with _open(path) as db:
         tr = db.create_transaction()
         assert await tr.get(b"held") == b"x"
+
+
+# -- the next batch written while one syncs (MAX_IN_FLIGHT) -------------------------------------
+
+
+def test_a_segment_is_sealed_only_once_all_it_holds_is_synced(tmp_path):
+    """A record written ahead of the previous one's sync stays in the segment,
+    and the segment is sealed (handed to the checkpointer) only when both are
+    durable; once full, nothing more is written ahead."""
+    from kv.wal import LogWriter
+
+    (tmp_path / "wal").mkdir()
+    w = LogWriter(tmp_path / "wal", segment_bytes=100)
+    w.write(b"a" * 60)
+    assert w.has_room()
+    w.write(b"b" * 60)  # ahead of the first one's sync; the segment is now full
+    assert not w.has_room()
+    assert w.synced(60) is False and w.number == 1  # the second record is still unsynced: no seal
+    assert w.synced(60) is True and w.number == 2  # all durable: sealed, the next segment begins
+    assert w.has_room() and w.size == w.written == 0
+    w.write(b"c" * 110)  # full by itself
+    w.write(b"d" * 10)  # (a caller ignoring has_room)
+    assert w.synced(110) is False and w.number == 2  # full, but 10 bytes are not durable yet
+    assert w.synced(10) is True and w.number == 3
+    w.close()
+
+
+async def test_the_next_batch_is_written_while_one_syncs_and_waits_for_it(tmp_path):
+    """With the helper's answers held back, a second batch goes out behind the
+    first (never a third), nothing is acknowledged or visible before its
+    answer, and both are acknowledged in order once answered."""
+    gate = tmp_path / "gate"
+    path = tmp_path / "data"
+    async with _open(path) as db:
+        store = db.engine.store
+        await _hold_answers_until(db, tmp_path, gate)
+        ahead = db.engine.stats["ahead_batches"]
+        acked: list[bytes] = []
+
+        async def writer(w: int) -> None:
+            for i in range(5):
+                tr = db.create_transaction()
+                key = b"k/%d/%d" % (w, i)
+                tr.set(key, b"v")  # blind write: idempotent
+                await tr.commit()
+                acked.append(key)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for w in range(WRITERS):
+                    nursery.start_soon(writer, w)
+                while store._sync._out < 2:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)
+                assert store._sync._out == 2  # two batches out, the rest queued behind them
+                assert db.engine.stats["ahead_batches"] > ahead
+                assert acked == []
+                reader = db.create_transaction()
+                assert await reader.get_range(b"k/", b"k0") == []  # nothing visible before its sync
+                gate.touch()
+        assert len(acked) == WRITERS * 5
+    async with _open(path) as db:
+        assert len(await _all(db, b"k/", b"k0")) == WRITERS * 5
+
+
+async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
+    """The first batch's sync fails while a second is out behind it: both are
+    reported commit_unknown_result (the second's own sync "succeeded", but the
+    log cannot be trusted past the failure), and the store refuses commits."""
+    gate = tmp_path / "gate"
+    path = tmp_path / "data"
+    db = _open(path)
+    try:
+        store = db.engine.store
+        await _commit_concurrently(db, b"ok/", 40)
+        store._sync.close()
+        store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
+            "    import os, time\n"
+            "    while not os.path.exists(%r):\n"
+            "        time.sleep(0.01)\n"
+            "    first = 'answered' not in globals()\n"
+            "    answered = True\n"
+            "    sock.sendall(struct.pack('<I', %d if first else 0))\n") % (str(gate), errno.EIO)))
+        outcomes: dict[bytes, int | str] = {}
+
+        async def writer(w: int) -> None:
+            tr = db.create_transaction()
+            tr.set(b"doomed/%d" % w, b"x")
+            try:
+                await tr.commit()
+                outcomes[b"doomed/%d" % w] = "ok"
+            except KVError as e:
+                outcomes[b"doomed/%d" % w] = e.code
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for w in range(WRITERS):
+                    nursery.start_soon(writer, w)
+                while store._sync._out < 2:
+                    await trio.sleep(0.01)
+                gate.touch()
+        assert set(outcomes.values()) == {1021}, outcomes  # both batches out: none acknowledged
+        tr = db.create_transaction()
+        assert await tr.get_range(b"doomed/", b"doomed0") == []  # nor visible
+        tr.set(b"later", b"y")
+        with pytest.raises(KVError) as info:
+            await tr.commit()
+        assert info.value.code == 4100
+    finally:
+        await db.close()

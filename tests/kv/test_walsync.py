@@ -93,17 +93,26 @@ def _fake_helper(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
+def _swap_helper(db, tmp_path: Path, body: str) -> None:
+    """Replace the store's sync helper (none may be out) by ``_fake_helper(body)``."""
+    store = db.engine.store
+    store._sync.close()
+    store._sync = SyncHelper(store.path / "wal", script=_fake_helper(tmp_path, body))
+
+
+def _after_gate(gate: Path, answer: str) -> str:
+    """A fake helper's loop body: wait for ``gate`` to exist, then send ``answer`` (an expression)."""
+    return ("    import os, time\n"
+            "    while not os.path.exists(%r):\n"
+            "        time.sleep(0.01)\n"
+            "    sock.sendall(struct.pack('<I', %s))\n") % (str(gate), answer)
+
+
 async def _hold_answers_until(db, tmp_path: Path, gate: Path) -> None:
     """After a warm-up (the real helper started), swap in a helper that answers
     each request (success) only once ``gate`` exists."""
-    store = db.engine.store
     await _commit_concurrently(db, b"warm/", 16)
-    store._sync.close()
-    store._sync = SyncHelper(store.path / "wal", script=_fake_helper(tmp_path, (
-        "    import os, time\n"
-        "    while not os.path.exists(%r):\n"
-        "        time.sleep(0.01)\n"
-        "    sock.sendall(struct.pack('<I', 0))\n") % str(gate)))
+    _swap_helper(db, tmp_path, _after_gate(gate, "0"))
 
 
 async def test_pipelined_batches_are_synced_by_one_helper_that_exits_with_the_store(tmp_path):
@@ -167,11 +176,8 @@ async def test_a_sync_the_helper_reports_failed_stops_commits_until_reopened(tmp
     path = tmp_path / "data"
     db = _open(path)
     try:
-        store = db.engine.store
         await _commit_concurrently(db, b"ok/", 40)
-        store._sync.close()
-        store._sync = SyncHelper(path / "wal", script=_fake_helper(
-            tmp_path, "    sock.sendall(struct.pack('<I', %d))\n" % errno.EIO))
+        _swap_helper(db, tmp_path, "    sock.sendall(struct.pack('<I', %d))\n" % errno.EIO)
         tr = db.create_transaction()
         tr.set(b"doomed", b"x")
         with pytest.raises(KVError) as info:
@@ -360,14 +366,9 @@ async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
     try:
         store = db.engine.store
         await _commit_concurrently(db, b"ok/", 40)
-        store._sync.close()
-        store._sync = SyncHelper(path / "wal", script=_fake_helper(tmp_path, (
-            "    import os, time\n"
-            "    while not os.path.exists(%r):\n"
-            "        time.sleep(0.01)\n"
-            "    first = 'answered' not in globals()\n"
-            "    answered = True\n"
-            "    sock.sendall(struct.pack('<I', %d if first else 0))\n") % (str(gate), errno.EIO)))
+        # EIO for the first answer only ('answered' marks the helper's module globals)
+        _swap_helper(db, tmp_path, "    first = 'answered' not in globals()\n    answered = True\n"
+                     + _after_gate(gate, "%d if first else 0" % errno.EIO))
         outcomes: dict[bytes, int | str] = {}
 
         async def writer(w: int) -> None:

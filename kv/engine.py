@@ -591,8 +591,9 @@ class Engine:
         soon as this one is durable and before this batch's tasks are woken,
         keeps the disk busy; otherwise it idled while the loop ran this
         batch's woken tasks before the next leader got its turn. Versions
-        stay in order: this batch is booked (``_applied``, which publishes
-        it in the store) before the next one is resolved and submitted.
+        stay in order: without a batch ahead, this one is booked
+        (``_applied``, which publishes it in the store) before the next one
+        is resolved and submitted.
 
         Ahead: a store that can (``can_submit_ahead``) is given the next
         batch while this one is still out, once the tasks running alongside

@@ -11,7 +11,10 @@ concurrent writers: a batch waited ~0.6 ms for its write to *start* and
 idle in ``epoll`` a third of the time. A child process has its own GIL: the
 loop appends the record (a buffered write, microseconds), sends the segment
 number over a socket, and hears the reply through ``epoll`` like any other
-I/O, while the child spends its time in ``fdatasync``.
+I/O, while the child spends its time in ``fdatasync``. The next batch may be
+written and its sync requested while one is out (``MAX_IN_FLIGHT``): the
+helper answers in order, and its next sync starts as soon as one returns,
+not when the busy loop gets round to hearing it.
 
 Durability: the record is written by this process before the request is
 sent, and ``fdatasync`` on any descriptor of a file flushes that file's data

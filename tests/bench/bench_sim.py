@@ -10,7 +10,9 @@ transactions, writes applied and trio task steps per cycle — on a shared machi
 swing by +-15% between identical runs, these do not.  (Task steps are counted by the scheduler's
 seeded PRNG, sim.world._SchedulerRandom: free.)
 
-    python tests/bench/bench_sim.py [--random-runs N] [--seed S]
+CPU time counts the forked crash runs' too (``--fork``; RUSAGE_CHILDREN, each waited for).
+
+    python tests/bench/bench_sim.py [--random-runs N] [--seed S] [--fork]
 """
 
 from __future__ import annotations
@@ -31,14 +33,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--random-runs", type=int, default=100)
+    ap.add_argument("--fork", action="store_true",
+                    help="exhaustive crash runs forked from the fault-free run (sim/fork.py) instead of re-run")
     a = ap.parse_args()
     names = sorted(all_scenarios())
-    ex = run_session(names, a.seed, exhaustive_mode=True)
+    ex = run_session(names, a.seed, exhaustive_mode=True, fork=a.fork)
     rnd = run_session(names, a.seed, runs=a.random_runs)
     cycles = ex.runs + rnd.runs
     fig = {
         "bench": "sim",
         "scenarios": len(names),
+        "fork": a.fork,
         "exhaustive": {k: v for k, v in ex.figures().items() if k != "trace"},
         "random": {k: v for k, v in rnd.figures().items() if k != "trace"},
         "cycles": cycles,
@@ -47,6 +52,8 @@ def main() -> None:
         "kv_transactions_per_cycle": round((ex.transactions + rnd.transactions) / cycles, 1),
         "writes_applied_per_cycle": round((ex.commits + rnd.commits) / cycles, 1),
         "task_steps_per_cycle": round((ex.task_steps + rnd.task_steps) / cycles, 1),
+        # the session trace hashes (every run's trace in order): a speed-up must leave them unchanged
+        "trace_exhaustive": ex.trace, "trace_random": rnd.trace,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "target_cycles_per_s": TARGET_CYCLES_PER_S,
     }

@@ -156,3 +156,85 @@ async def test_the_resolver_remembers_every_write_of_a_batch_of_blind_writes():
             assert e.code == 1020
         else:
             raise AssertionError(f"a read of {k!r} before the batch did not conflict")
+
+
+# -- the batch written behind one still syncing (Engine._finish_submitted, _ahead_share) --------
+
+
+class _HeldJob:
+    """One submitted batch of ``_SyncingStore``: answered when the test says so."""
+
+    def __init__(self, store: "_SyncingStore", version: int, mutations) -> None:
+        self.store, self.version, self.mutations = store, version, list(mutations)
+        self.answered = trio.Event()
+
+    async def wait(self) -> None:
+        await self.answered.wait()
+        assert self.store.out[0] is self, "batches must be waited for in submission order"
+        self.store.out.pop(0)
+        self.store.apply_sync(self.version, self.mutations)  # published once "durable", in version order
+
+
+class _SyncingStore(MemoryStore):
+    """A memory store that takes batches the way the LMDB store does (``submit``, then
+    ``await job.wait()``; a second batch may go out behind one still syncing), each
+    answered only when the test calls ``answer_oldest``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out: list[_HeldJob] = []  # submitted, not yet answered, oldest first
+        self.sizes: list[int] = []  # mutations per submitted batch, in submission order
+
+    def can_apply_inline(self, mutations: int) -> bool:
+        return False
+
+    def can_submit_ahead(self) -> bool:
+        return len(self.out) < 2
+
+    def submit(self, version: int, mutations) -> _HeldJob:
+        job = _HeldJob(self, version, mutations)
+        self.out.append(job)
+        self.sizes.append(len(mutations))
+        return job
+
+    def answer_oldest(self) -> None:
+        self.out[0].answered.set()
+
+
+async def test_a_lopsided_pair_of_batches_is_evened_out():
+    """One writer's batch is syncing while nine others queue: the nine go next (one
+    batch), and the lone writer's next commit is written behind them. From then on the
+    two groups would alternate 9, 1, 9, 1 (each sync's writers come back as the batch
+    after next) and the loop would idle through every lone commit's sync. Writing only
+    half of the two groups behind a small batch evens them out at once: 5 and 5."""
+    store = _SyncingStore()
+    db = Database(Engine(store), url="memory:syncing")
+    commits_each = 6
+
+    async def writer(name: bytes) -> None:
+        for i in range(commits_each):
+            tr = db.create_transaction()
+            tr.set(b"%s/%d" % (name, i), b"v")  # blind write: idempotent
+            await tr.commit()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer, b"lone")
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.sizes == [1]  # out, its sync held
+        for w in range(9):
+            nursery.start_soon(writer, b"crowd%d" % w)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.sizes == [1]  # the nine are queued behind it
+        while store.out:  # answer each batch once everything else has had its turn
+            store.answer_oldest()
+            await trio.testing.wait_all_tasks_blocked()
+    sizes = store.sizes
+    # the nine, the lone writer's next commit behind them; then half of the ten behind that
+    assert sizes[:4] == [1, 9, 1, 5], sizes
+    assert max(sizes[3:]) == 5, sizes  # and even from then on (not 9, 1, 9, 1, ...)
+    assert sum(sizes) == 10 * commits_each
+
+    async def count(tr):  # read-only
+        return len(await tr.get_range(b"", b"\xff"))
+
+    assert await db.transact(count) == 10 * commits_each

@@ -359,7 +359,8 @@ async def test_the_next_batch_is_written_while_one_syncs_and_waits_for_it(tmp_pa
 async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
     """The first batch's sync fails while a second is out behind it: both are
     reported commit_unknown_result (the second's own sync "succeeded", but the
-    log cannot be trusted past the failure), and the store refuses commits."""
+    log cannot be trusted past the failure), and the store refuses commits, the ones
+    still queued behind them included (4100: never written)."""
     gate = tmp_path / "gate"
     path = tmp_path / "data"
     db = _open(path)
@@ -386,8 +387,13 @@ async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
                     nursery.start_soon(writer, w)
                 while store._sync._out < 2:
                     await trio.sleep(0.01)
+                await trio.sleep(0.05)  # every writer has reached commit()
+                queued = len(db.engine._pending)  # not written yet (the batch behind took its share)
                 gate.touch()
-        assert set(outcomes.values()) == {1021}, outcomes  # both batches out: none acknowledged
+        assert len(outcomes) == WRITERS and "ok" not in outcomes.values(), outcomes  # none acknowledged
+        # Both batches out were written before the failure: 1021 (maybe committed). The commits
+        # still queued were never written: the store refuses them (4100, not committed).
+        assert sorted(outcomes.values()) == [1021] * (WRITERS - queued) + [4100] * queued, (queued, outcomes)
         tr = db.create_transaction()
         assert await tr.get_range(b"doomed/", b"doomed0") == []  # nor visible
         tr.set(b"later", b"y")

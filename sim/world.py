@@ -191,8 +191,10 @@ class _SchedulerRandom(random.Random):
     steps = 0
 
     def shuffle(self, x: list[Any]) -> None:  # type: ignore[override]
-        self.steps += len(x)
-        random.Random.shuffle(self, x)
+        n = len(x)
+        self.steps += n
+        if n > 1:  # (most batches hold one task: Random.shuffle would draw nothing for it either)
+            random.Random.shuffle(self, x)
 
 
 _INF = float("inf")

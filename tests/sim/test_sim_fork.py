@@ -112,3 +112,51 @@ def test_a_child_that_dies_is_a_failed_run_with_its_replay_command(monkeypatch, 
     # every other crash point still ran and reported
     assert summary.runs == 1 + 2 * run_once(all_scenarios()["tool"], SEED).writes
     assert os.getpid() > 0  # (the parent is still the parent)
+
+
+def test_a_child_leaves_the_parents_trio_kernel_objects_alone():
+    """The child's wake-ups and epoll edits land in its private copies (sim.fork._privatize_trio).
+
+    The child wakes the run loop through the entry queue (``run_sync_soon``: a byte into trio's
+    wake-up socket, then an epoll wait re-armed) and ends its trio.run (every registration dropped).
+    Without private copies the byte would be left in the parent's socket and the parent's
+    EPOLLONESHOT registration of it deleted, so the parent's next ``run_sync_soon`` would never run.
+    """
+    import socket
+
+    import trio
+    from trio._core import _run as trio_run
+
+    from sim.fork import _exit, _fork, _privatize_trio
+
+    async def main() -> str:
+        await trio.sleep(0)  # (the entry queue's task is waiting on its wake-up socket by now)
+        runner = trio_run.GLOBAL_RUN_CONTEXT.runner
+        token = trio.lowlevel.current_trio_token()
+        pid = _fork()
+        if pid == 0:
+            status = 1
+            try:
+                _privatize_trio()
+                done = trio.Event()
+                token.run_sync_soon(done.set)
+                await done.wait()  # (woken through the child's own socket and epoll)
+                token.run_sync_soon(lambda: None)  # a byte left behind at the end of the run
+                status = 0
+            finally:
+                _exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        wake = runner.entry_queue.wakeup.wakeup_sock
+        try:
+            left = wake.recv(16, socket.MSG_PEEK)
+        except BlockingIOError:
+            left = b""
+        assert left == b""  # nothing the child wrote is waiting for the parent
+        done = trio.Event()
+        token.run_sync_soon(done.set)
+        with trio.fail_after(5):  # (real time: this trio.run has the real clock)
+            await done.wait()  # the parent's wake-up still reaches its epoll
+        return "ok"
+
+    assert trio.run(main) == "ok"

@@ -44,7 +44,7 @@ import random
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Mapping
+from typing import Any, Awaitable, Callable, Literal, Mapping, Sequence
 
 import trio
 
@@ -201,6 +201,16 @@ class Lease:
     #: (:meth:`Ledger.submit_and_claim`): nothing else can exist for it yet (no loop
     #: state, no cancel record), so ``on_claimed`` may skip reading them.
     new_run: bool = False
+    #: While ``on_claimed`` runs inside :meth:`Ledger.submit_and_claim` (else None): a list
+    #: the hook may put ``(type, data)`` journal events of the run's conversation in, instead
+    #: of emitting them; they are journaled right after the run's run.queued and run.started,
+    #: in the same emit (the same keys, values and order as the hook emitting them then).
+    journal_after_start: "list[tuple[str, Any]] | None" = None
+    #: The lease record's stored bytes as this lease last saw them, and their decoding
+    #: (:meth:`Ledger.check_lease`): a check that reads the same bytes again (every commit
+    #: of a run between renewals) does not decode them again. A memo of a pure function of
+    #: the bytes read, so never stale: changed bytes are decoded.
+    seen: "tuple[bytes, dict[str, Any]] | None" = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +416,8 @@ class Ledger:
                 expires_us = int(expires_at * 1e6)
                 lease_rec = {"token": 1, "worker": claim.worker_id, "expires_at": expires_at,
                              "expires_us": expires_us, "nonce": claim.nonce}
-                tr.set(self.keys.lease(run_id), dumps(lease_rec))
+                lease_raw = dumps(lease_rec)
+                tr.set(self.keys.lease(run_id), lease_raw)
                 tr.set(self.keys.expiry(expires_us, run_id), b"")
                 run.update(state=RUNNING, attempt=1, claims=1)
         tr.set(cs_key, dumps(cs))
@@ -419,21 +430,27 @@ class Ledger:
             write_chunks(tr, self.keys.submission_body(tag, submission_id), body)
         # run.queued, and run.started when claimed here: one emit (the same keys and values as two)
         items: list[tuple[str, Any]] = [(ev.RUN_QUEUED, {"run_id": run_id, "submission_id": submission_id})]
+        lease = None
         if lease_rec is not None:
+            assert claim is not None
             items.append((ev.RUN_STARTED, {"run_id": run_id, "attempt": 1, "max_attempts": max_attempts,
                                            "takeover": False}))
+            lease = self._lease_from(run, lease_rec)
+            lease.new_run = True
+            lease.seen = (lease_raw, lease_rec)
+            if claim.on_claimed is not None:
+                # Before the emit, so that the events the hook leaves in journal_after_start are
+                # journaled by it, after run.started (one emit and one count update less).
+                lease.journal_after_start = items
+                try:
+                    lease.prepared = await claim.on_claimed(tr, lease)
+                finally:
+                    lease.journal_after_start = None
         ref = (await self.journal.emit_many_tr(tr, tag, conversation, items))[0]
         # The record, its request and the position of its run.queued: one versionstamped value
         # (see _SUB_MARK). Unreadable in this transaction, which never reads it back.
         tr.set_versionstamped_value(sub_key, b"".join((
             _SUB_MARK, b"\x00" * 10, ref.order.to_bytes(2, "big"), dumps(rec), _SUB_STAMP_AT)))
-        lease = None
-        if lease_rec is not None:
-            assert claim is not None
-            lease = self._lease_from(run, lease_rec)
-            lease.new_run = True
-            if claim.on_claimed is not None:
-                lease.prepared = await claim.on_claimed(tr, lease)
         return _PendingAck(None, ref, lease, submission_id, run_id, run["state"])
 
     async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
@@ -616,7 +633,8 @@ class Ledger:
             tr.clear(row.key)
             lease_rec = {"token": token, "worker": worker_id, "expires_at": expires_at,
                          "expires_us": expires_us, "nonce": nonce}
-            tr.set(self.keys.lease(run_id), dumps(lease_rec))
+            lease_raw = dumps(lease_rec)
+            tr.set(self.keys.lease(run_id), lease_raw)
             tr.set(self.keys.expiry(expires_us, run_id), b"")
             run.update(state=RUNNING, attempt=attempt, claims=token, rd=None)
             self._put_run(tr, run)
@@ -625,6 +643,7 @@ class Ledger:
                     "run_id": run_id, "attempt": attempt, "max_attempts": run["max_attempts"],
                     "takeover": kind == "lx"})
             lease = self._lease_from(run, lease_rec)
+            lease.seen = (lease_raw, lease_rec)
             lease.takeover = kind == "lx"
             lease.exhausted = exhausted
             lease.backlog = len(rows) - 1
@@ -653,10 +672,18 @@ class Ledger:
     async def check_lease(self, tr: Any, lease: Lease) -> dict[str, Any]:
         """Raise :class:`LeaseLost` unless ``lease`` still holds its run, *as of this
         transaction*: the read makes a concurrent takeover abort this transaction.
-        Returns the lease record read."""
+        Returns the lease record read (read-only: decoded once per stored value and kept
+        in ``lease.seen``, so the same dict may be returned again)."""
         raw = await tr.get(self.keys.lease(lease.run_id))
-        rec = loads(raw) if raw is not None else None
-        if rec is None or rec["token"] != lease.token:
+        if raw is None:
+            raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
+        seen = lease.seen
+        if seen is not None and seen[0] == raw:
+            rec = seen[1]
+        else:
+            rec = loads(raw)
+            lease.seen = (raw, rec)
+        if rec["token"] != lease.token:
             raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
         return rec
 
@@ -760,17 +787,24 @@ class Ledger:
     # -- settle -------------------------------------------------------------
 
     async def settle_tr(self, tr: Any, lease: Lease, outcome: Mapping[str, Any], *,
-                        lease_rec: dict[str, Any] | None = None) -> dict[str, Any]:
+                        lease_rec: dict[str, Any] | None = None,
+                        events_before: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
         """Settle the run with ``outcome`` (see :func:`completed`, :func:`failed`,
         :func:`cancelled`). Idempotent: settling again with the same lease returns the
         stored outcome; a lost lease raises :class:`LeaseLost`.
 
         ``lease_rec``: what :meth:`check_lease` returned for ``lease`` earlier in this
-        same transaction (the check is not repeated)."""
+        same transaction (the check is not repeated). ``events_before``: ``(type, data)``
+        journal events of the run's conversation the caller would emit in this transaction
+        just before the settle: journaled here, in order, ahead of run.completed / failed /
+        cancelled, in the same emit (the same keys and values as emitting them first; one
+        emitted-count update and one emit's fixed cost less per settled run)."""
         out = _check_outcome(outcome)
         run = await self._run(tr, lease.run_id)
         if run["state"] in SETTLED_STATES:
             if run.get("settled_token") == lease.token:
+                if events_before:  # (as if the caller had emitted them itself)
+                    await self.journal.emit_many_tr(tr, run["owner"], run["conversation"], events_before, refs=False)
                 return await self._outcome(tr, run["id"]) or out
             raise LeaseLost(f"run {lease.run_id!r} was settled by someone else")
         if lease_rec is not None and lease_rec.get("token") == lease.token:
@@ -778,7 +812,8 @@ class Ledger:
         else:
             rec = await self.check_lease(tr, lease)
         # the lease record the check read is the one _finish_tr clears (not read twice)
-        await self._finish_tr(tr, run, out, token=lease.token, lease_rec=_SKIP if rec is None else rec)
+        await self._finish_tr(tr, run, out, token=lease.token, lease_rec=_SKIP if rec is None else rec,
+                              events_before=events_before)
         return out
 
     async def settle(self, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
@@ -789,9 +824,11 @@ class Ledger:
         return loads(body) if body is not None else None
 
     async def _finish_tr(self, tr: Any, run: dict[str, Any], outcome: dict[str, Any], *,
-                         token: int | None = None, lease_rec: Any = _SKIP) -> None:
+                         token: int | None = None, lease_rec: Any = _SKIP,
+                         events_before: Sequence[tuple[str, Any]] = ()) -> None:
         """Settle ``run`` (not yet settled) in ``tr`` and advance its conversation's FIFO.
-        ``lease_rec``: the run's lease record as already read in ``tr`` (None: none)."""
+        ``lease_rec``: the run's lease record as already read in ``tr`` (None: none).
+        ``events_before``: journaled just before the settled event (see :meth:`settle_tr`)."""
         run_id, tag, conv = run["id"], run["owner"], run["conversation"]
         if lease_rec is _SKIP:
             raw = await tr.get(self.keys.lease(run_id))
@@ -813,8 +850,17 @@ class Ledger:
         cs_key = self.keys.conversation_state(tag, conv)
         cs = loads(await tr.get(cs_key))
         if cs["active"] == run_id:
-            fr = self.keys.fifo_range(tag, conv)
-            nxt = await tr.get_range(fr.start, fr.stop, limit=1)
+            # The FIFO holds the active run and the runs queued behind it (higher seqs: a
+            # submit takes seq ``tail``, and the next active is always the lowest entry), so
+            # when the active run is the last one submitted (its seq is ``tail - 1``, the
+            # usual case) nothing waits and the range read is skipped: it was ~4% of a turn's
+            # CPU. A submit racing with this settle writes ``cs``, which this transaction read:
+            # it conflicts either way.
+            if run["seq"] + 1 == cs["tail"]:
+                nxt = []
+            else:
+                fr = self.keys.fifo_range(tag, conv)
+                nxt = await tr.get_range(fr.start, fr.stop, limit=1)
             cs["active"] = None
             if nxt:
                 nxt_id = nxt[0].value.decode()
@@ -833,7 +879,7 @@ class Ledger:
                 data["result"] = result
             else:
                 data["result_truncated"] = True
-        await self.journal.emit(tr, tag, conv, ev.RUN_SETTLED_EVENTS[status], data)
+        await self.journal.emit(tr, tag, conv, ev.RUN_SETTLED_EVENTS[status], data, before=events_before)
 
     # -- cancel -------------------------------------------------------------
 

@@ -38,7 +38,6 @@ import trio
 import kv
 import ledger as L
 from sessions import events as E
-from sessions.errors import NotFound as SessionNotFound
 from sessions.transcript import MAX_READ_PAGE
 
 from . import messages as M
@@ -255,6 +254,8 @@ class Runner:
         self._state_key = rt.store.loop_keys.state(self.run_id)  # read and written by every commit
         self._txn_settled: dict[str, Any] | None = None  # the outcome the current commit attempt settles
         self._txn_lease: Any = None  # the lease record the current commit attempt's check read
+        # The events of the current commit attempt a settle in it is to journal (``settles``)
+        self._txn_events: Sequence[tuple[str, Any]] | None = None
         # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
         # from it instead of reading and watching the outcome); None: not settled by this runner.
         self.settled: dict[str, Any] | None = None
@@ -348,6 +349,7 @@ class Runner:
         extra: Callable[[Any, LoopState], Awaitable[None]] | None = None,
         abort_on_cancel: bool = False,
         mark: int | None = None,
+        settles: bool = False,
     ) -> bool:
         """One guarded, lease-checked transaction: append, update the loop state, journal.
 
@@ -360,7 +362,10 @@ class Runner:
 
         ``events`` may be a function of the first appended message's sequence
         number; ``mark`` moves the transcript's mark with the append (a
-        compaction).  Guard: the state's ``ver`` must be what this runner last
+        compaction).  ``settles``: ``extra`` settles the run (:meth:`_settle_tr`) and
+        emits no other event, so ``events`` are journaled by the settle, ahead of its
+        run.completed / failed / cancelled, in one emit (the same keys, values and order).
+        Guard: the state's ``ver`` must be what this runner last
         wrote; a matching ``tok`` at ``ver + 1`` means an earlier attempt of
         this very transaction committed (1021), and nothing is applied twice.
 
@@ -393,6 +398,7 @@ class Runner:
                 nonlocal attempts
                 attempts += 1
                 self._txn_settled = None
+                self._txn_events = None
                 self._txn_lease = await store.check_lease(tr, self.claim)
                 if attempts == 1:
                     assert self.state is not None
@@ -418,10 +424,13 @@ class Runner:
                 st.tok = token
                 tr.set(self._state_key, st.to_bytes())
                 evs = events(first_seq) if callable(events) else events
-                if evs:
+                if settles:
+                    self._txn_events = evs  # journaled by the settle in ``extra`` (_settle_tr)
+                elif evs:
                     await store.journal.emit_many_tr(tr, self.owner, self.conv, evs, refs=False)
                 if extra is not None:
                     await extra(tr, st)
+                assert self._txn_events is None, "a commit that settles must settle (its events unjournaled)"
                 return st
 
             try:
@@ -472,9 +481,11 @@ class Runner:
                     await tr.on_error(e)
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
-        """Settle in the commit's transaction, noting the outcome as stored (see ``settled``)."""
+        """Settle in the commit's transaction, noting the outcome as stored (see ``settled``);
+        the commit's events, when it ``settles`` (see :meth:`_commit`), journaled with it."""
+        evs, self._txn_events = self._txn_events, None
         self._txn_settled = await self.store.settle(tr, self.claim, outcome, lease_rec=self._txn_lease,
-                                                    state=self.state)
+                                                    state=self.state, events_before=evs or ())
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
         return _message_events(self.run_id, first_seq, msgs)
@@ -502,15 +513,13 @@ class Runner:
         new_run = claim.lease.new_run  # created by this very transaction: no state, no cancel yet
         if not new_run and await tr.get(store.loop_keys.state(run_id)) is not None:
             return None
-        exists = True
         base = 0
-        try:
-            # From the mark: the latest compaction's context (dangling calls can only be there:
-            # a compaction runs only when every earlier call has its result).
-            page = await store.transcripts.read_tail_tr(tr, owner, conv, MAX_READ_PAGE)
-        except SessionNotFound:
+        # From the mark: the latest compaction's context (dangling calls can only be there:
+        # a compaction runs only when every earlier call has its result). The head read here
+        # is the append's below (not read twice).
+        page, head = await store.transcripts.read_tail_for_append_tr(tr, owner, conv, MAX_READ_PAGE)
+        if page is None:  # a new conversation
             messages: list[dict[str, Any]] = []
-            exists = False
         else:
             if page.next_seq is not None:
                 return None
@@ -521,11 +530,16 @@ class Runner:
         appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
         state.ver, state.tok = 1, store.new_token()
-        # (a session read just now in this transaction needs no create-if-missing; a new one is
-        # created by the append, its head written once)
-        await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=not exists)
+        # (a new session is created by the append, its head written once)
+        await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=page is None,
+                                          head=head)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
-        await store.journal.emit_many_tr(tr, owner, conv, _message_events(run_id, first_seq, appended), refs=False)
+        evs = _message_events(run_id, first_seq, appended)
+        after_start = claim.lease.journal_after_start
+        if after_start is not None:  # submitted in this transaction: journaled with run.started
+            after_start.extend(evs)
+        else:
+            await store.journal.emit_many_tr(tr, owner, conv, evs, refs=False)
         messages.extend(appended)
         return _Prepared(state, messages, cancel, base)
 
@@ -912,7 +926,7 @@ class Runner:
                 # A cancel seen here wins over the answer (which stays in the transcript).
                 await self._settle_tr(tr, L.cancelled("cancel requested") if self._txn_cancel else final_outcome)
 
-        await self._commit(mutate, append=appended, events=events, extra=extra)
+        await self._commit(mutate, append=appended, events=events, extra=extra, settles=final_outcome is not None)
         if start_first is not None and (self.state.calls.get(start_first["id"]) or {}).get("state") == CALL_STARTED:  # type: ignore[union-attr]
             self._started_here.add(start_first["id"])
         if final_outcome is not None:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
@@ -380,13 +380,15 @@ class Store:
         await self.ledger.release(claim.lease)
 
     async def settle(self, tr: Any, claim: Claim, outcome: Mapping[str, Any], *,
-                     lease_rec: Any = None, state: LoopState | None = None) -> dict[str, Any]:
-        """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled.
+                     lease_rec: Any = None, state: LoopState | None = None,
+                     events_before: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
+        """Settle in the caller's transaction; the ledger journals run.completed / failed / cancelled
+        (after ``events_before``, in the same emit: see ``Ledger.settle_tr``).
         Returns the outcome as stored. ``lease_rec``: :meth:`check_lease`'s result in this
         transaction, if it was called (the lease is then not read again). ``state``: the run's
         loop state, if known: the parked record is cleared only if it may exist (see
         :func:`may_be_parked`), not blindly in every settle."""
-        out = await self.ledger.settle_tr(tr, claim.lease, outcome, lease_rec=lease_rec)
+        out = await self.ledger.settle_tr(tr, claim.lease, outcome, lease_rec=lease_rec, events_before=events_before)
         if state is None or may_be_parked(state):
             tr.clear(self.loop_keys.parked(claim.run_id))
         return out

@@ -248,13 +248,17 @@ class Journal:
     # -- writing ------------------------------------------------------------
 
     async def emit(self, tr: Any, owner: OwnerLike, conversation: str, type: str, data: Any = None,
-                   *, eid: str | None = None) -> EventRef:
+                   *, eid: str | None = None, before: "Sequence[tuple[str, Any]]" = ()) -> EventRef:
         """Append one event in ``tr`` (the caller's transaction, committed by the caller).
         ``eid`` (optional) is stored with the event so a guarded writer can find it again.
+        ``before``: ``(type, data)`` events to journal just ahead of it, in the same
+        :meth:`emit_many_tr` (``eid`` is stored with those too); the ref is this event's.
 
         Not idempotent by itself: the caller's transaction must be guarded (a
         lease check, a head check, a marker) so a 1021 retry does not emit twice.
         """
+        if before:
+            return (await self.emit_many_tr(tr, owner, conversation, (*before, (type, data)), eid=eid))[-1]
         return (await self.emit_many_tr(tr, owner, conversation, ((type, data),), eid=eid))[0]
 
     async def emit_many_tr(self, tr: Any, owner: OwnerLike, conversation: str,

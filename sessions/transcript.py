@@ -62,7 +62,7 @@ from .owners import OwnerLike, as_tag
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "Transcripts", "Message", "TranscriptPage", "SessionInfo",
+    "Transcripts", "Message", "TranscriptPage", "SessionInfo", "HeadRead",
     "MAX_APPEND_BYTES", "MAX_FORK_SEGMENTS", "DEFAULT_READ_PAGE", "MAX_READ_PAGE", "check_session_id",
 ]
 
@@ -78,6 +78,8 @@ COPY_BATCH_KEYS = 5_000
 COPY_BATCH_BYTES = 4_000_000
 MAX_SESSION_ID = 512
 _KEY_OVERHEAD = 64  # per message key, for the size estimate
+HEAD_MEMO_ENTRIES = 256  # decoded session heads remembered by their bytes (Transcripts._checked_head)
+assert HEAD_MEMO_ENTRIES > 0
 
 
 def check_session_id(sid: str) -> str:
@@ -98,6 +100,19 @@ class TranscriptPage:
     head: int
     next_seq: int | None  # None when the page reached the head
     start: int = 0  # the sequence number the page starts at (read_tail_tr: the mark)
+
+
+class HeadRead:
+    """A session's head record as read in a transaction (None: no such record), for that
+    transaction's next append (:meth:`Transcripts.read_tail_for_append_tr`); used once."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: dict[str, Any] | None) -> None:
+        self.record = record
+
+
+_USED: Any = object()  # a HeadRead's record once an append has taken it
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +138,25 @@ class Transcripts:
         self.keys = SessionsKeyspace(root)
         self.clock = clock
         self.new_id = new_id
+        # head key -> (the head record's bytes as last written here, their decoding): see
+        # _checked_head. Bounded (cleared when full; forgetting only costs a decode).
+        self._head_memo: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
 
     # -- records ------------------------------------------------------------
 
     async def _head(self, tr: Any, tag: str, sid: str, *, snapshot: bool = False) -> dict[str, Any]:
         reader = tr.snapshot if snapshot else tr
-        raw = await reader.get(self.keys.head(tag, sid))
+        key = self.keys.head(tag, sid)
+        raw = await reader.get(key)
         if raw is None:
             raise NotFound(f"session {sid!r} not found")
-        head = loads(raw)
+        return self._checked_head(key, raw, tag, sid)
+
+    def _checked_head(self, key: bytes, raw: bytes, tag: str, sid: str) -> dict[str, Any]:
+        """The head record ``raw`` (read at ``key``), decoded (a copy of the memo's decoding
+        when it holds these very bytes: the head this process wrote last) and checked."""
+        memo = self._head_memo.get(key)
+        head = dict(memo[1]) if memo is not None and memo[0] == raw else loads(raw)
         if head.get("owner") != tag:
             log.error("session head under %r carries a different owner tag", tag)
             raise NotFound(f"session {sid!r} not found")
@@ -219,7 +244,7 @@ class Transcripts:
 
     async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
                         expected_head: int | None = None, token: bytes | None = None, create: bool = False,
-                        mark: int | None = None) -> int:
+                        mark: int | None = None, head: "HeadRead | None" = None) -> int:
         """Append ``messages`` in ``tr``; returns the new head (message count).
 
         Guarded: reads the head (so a concurrent append conflicts) and, when a
@@ -230,7 +255,9 @@ class Transcripts:
         created first, as :meth:`create_tr` would (its head written once, with
         the messages), instead of raising :class:`NotFound`.  ``mark`` sets the
         head's mark (see the module docstring) to a sequence number below the new
-        head, at least the current mark.
+        head, at least the current mark.  ``head``: what :meth:`read_tail_for_append_tr`
+        read of this session's head earlier in ``tr`` (used once): the head is not read
+        again (the same key, so the same conflict: the guard is unchanged).
         """
         tag = as_tag(owner)
         check_session_id(session_id)
@@ -246,7 +273,16 @@ class Transcripts:
             size += len(data) + _KEY_OVERHEAD * (1 + len(data) // CHUNK_SIZE)
         if size > MAX_APPEND_BYTES:
             raise TooLarge(f"append of {size} bytes exceeds {MAX_APPEND_BYTES}; append fewer messages at a time")
-        if create and await tr.get(self.keys.head(tag, session_id)) is None:
+        if head is not None:  # read by the caller in this transaction
+            record, head.record = head.record, _USED
+            assert record is not _USED, "a HeadRead is used once"
+            if record is None:
+                if not create:
+                    raise NotFound(f"session {session_id!r} not found")
+                head, _ = self._new_session(tr, tag, session_id)
+            else:
+                head = record
+        elif create and await tr.get(self.keys.head(tag, session_id)) is None:
             head, _ = self._new_session(tr, tag, session_id)
         else:
             head = await self._head(tr, tag, session_id)
@@ -269,7 +305,14 @@ class Transcripts:
             if not head.get("mark", 0) <= mark < head["n"]:
                 raise ValueError(f"mark {mark} outside [{head.get('mark', 0)}, {head['n']})")
             head["mark"] = mark
-        tr.set(self.keys.head(tag, session_id), dumps(head))
+        key, raw = self.keys.head(tag, session_id), dumps(head)
+        tr.set(key, raw)
+        # Remembered by its bytes (a pure decoding: right whether or not this commits), so the
+        # next append, which reads these bytes back, does not decode them.
+        memo = self._head_memo
+        if len(memo) >= HEAD_MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = (raw, head)
         return head["n"]
 
     async def appended_tr(self, tr: Any, owner: OwnerLike, session_id: str, token: bytes) -> bool:
@@ -345,6 +388,28 @@ class Transcripts:
         if not 0 < limit <= MAX_READ_PAGE:
             raise ValueError(f"limit must be in 1..{MAX_READ_PAGE}")
         head = await self._head(tr, tag, check_session_id(session_id))
+        return await self._tail(tr, tag, session_id, head, limit)
+
+    async def read_tail_for_append_tr(self, tr: Any, owner: OwnerLike, session_id: str,
+                                      limit: int = DEFAULT_READ_PAGE) -> "tuple[TranscriptPage | None, HeadRead]":
+        """:meth:`read_tail_tr` for a caller about to append in the same transaction:
+        ``(page, head)``, the page None for a session with no head record yet (raises
+        :class:`NotFound` as ``read_tail_tr`` does for any other reason); pass ``head`` to
+        :meth:`append_tr` (with ``create=True`` for a new session) so that it does not read
+        the head again (a read and a decode per append less)."""
+        tag = as_tag(owner)
+        if not 0 < limit <= MAX_READ_PAGE:
+            raise ValueError(f"limit must be in 1..{MAX_READ_PAGE}")
+        check_session_id(session_id)
+        key = self.keys.head(tag, session_id)
+        raw = await tr.get(key)
+        if raw is None:
+            return None, HeadRead(None)
+        head = self._checked_head(key, raw, tag, session_id)
+        page = await self._tail(tr, tag, session_id, head, limit)
+        return page, HeadRead(head)
+
+    async def _tail(self, tr: Any, tag: str, session_id: str, head: dict[str, Any], limit: int) -> TranscriptPage:
         n = head["n"]
         start = head.get("mark", 0)
         if not 0 <= start <= n:  # (never written so; a reader must not trust it past the head)

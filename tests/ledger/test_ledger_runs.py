@@ -453,3 +453,92 @@ async def test_the_request_is_stored_canonically_and_hashed_from_that_one_encodi
     assert again.run_id == ack.run_id and not again.created
     with pytest.raises(SubmissionConflict):
         await L.submit("canon", {**delivery, "f": 2.5}, {"type": "object"}, owner=OWNER, conversation="c")
+
+
+async def test_a_hook_may_leave_its_events_to_the_submitting_emit(db):
+    """``lease.journal_after_start``: set only while the hook runs inside submit_and_claim; the
+    events put there are journaled right after run.started (in that order), not otherwise."""
+    s, L = make(db)
+    during = []
+
+    async def on_claimed(tr, lease):
+        during.append(lease.journal_after_start is not None)
+        lease.journal_after_start.extend([(events.MESSAGE_ADDED, {"seq": 0}), (events.MESSAGE_ADDED, {"seq": 1})])
+        return "prepared"
+
+    ack, lease = await L.submit_and_claim("s1", {"text": "hi"}, None, owner=OWNER, conversation="c",
+                                          worker_id="w", on_claimed=on_claimed)
+    assert during == [True] and lease.journal_after_start is None and lease.prepared == "prepared"
+    evs = (await s.journal.read(OWNER, "c")).events
+    assert [(e.type, e.data.get("seq")) for e in evs] == [
+        (events.RUN_QUEUED, None), (events.RUN_STARTED, None), (events.MESSAGE_ADDED, 0), (events.MESSAGE_ADDED, 1)]
+    assert evs[0].cursor == ack.cursor
+    # a claim's hook (not in a submitting transaction) has no such list: it emits itself
+    await L.settle(lease, completed("ok"))
+    await L.submit("s2", {"text": "more"}, None, owner=OWNER, conversation="c")
+    seen = []
+
+    async def claim_hook(tr, lease):
+        seen.append(lease.journal_after_start)
+        return None
+
+    assert (await L.claim("w", on_claimed=claim_hook)) is not None and seen == [None]
+
+
+async def test_settle_journals_the_callers_events_before_the_settled_event(db):
+    s, L = make(db)
+    ack = await L.submit("k", {"text": "hi"}, None, owner=OWNER, conversation="c")
+    lease = await L.claim("w")
+    before = [(events.MESSAGE_ADDED, {"seq": 7}), (events.USAGE_UPDATED, {"run_id": ack.run_id})]
+
+    async def fn(tr):  # guarded: settle_tr is idempotent for the same lease
+        return await L.settle_tr(tr, lease, completed("done"), events_before=before)
+
+    assert await db.transact(fn) == completed("done")
+    types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
+    assert types == [events.RUN_QUEUED, events.RUN_STARTED, events.MESSAGE_ADDED, events.USAGE_UPDATED,
+                     events.RUN_COMPLETED]
+    # settled already (the same lease): the outcome as stored, the events still journaled as given
+    assert await db.transact(fn) == completed("done")
+    types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
+    assert types[5:] == [events.MESSAGE_ADDED, events.USAGE_UPDATED] and events.RUN_COMPLETED not in types[5:]
+
+
+async def test_settling_the_last_queued_run_leaves_the_conversation_free(db):
+    """The active run settles without a FIFO read when it is the last one submitted; with
+    runs behind it, the next one becomes active (both ways, one more submit then runs)."""
+    _, L = make(db)
+    a = await L.submit("a", {}, None, owner=OWNER, conversation="c")
+    la = await L.claim("w")
+    await L.settle(la, completed(1))
+    b = await L.submit("b", {}, None, owner=OWNER, conversation="c")  # active at once: nothing before it
+    c = await L.submit("c", {}, None, owner=OWNER, conversation="c")
+    assert (b.status, c.status) == (QUEUED, QUEUED)
+    lb = await L.claim("w")
+    assert lb.run_id == b.run_id and await L.claim("w") is None  # c waits behind b
+    await L.settle(lb, completed(2))
+    lc = await L.claim("w")
+    assert lc.run_id == c.run_id
+    await L.settle(lc, completed(3))
+    d, ld = await L.submit_and_claim("d", {}, None, owner=OWNER, conversation="c", worker_id="w")
+    assert ld is not None and ld.run_id == d.run_id and a.run_id != d.run_id
+
+
+async def test_check_lease_decodes_a_changed_lease_record(db, clock):
+    """The lease check remembers the record's bytes it decoded; a renewal or a takeover
+    changes them, and the check sees the new record (or LeaseLost)."""
+    _, L = make(db, clock)
+    await L.submit("k", {}, None, owner=OWNER, conversation="c")
+    a = await L.claim("A", lease_seconds=10)
+    first = await db.transact(lambda tr: L.check_lease(tr, a))
+    assert first["token"] == a.token and a.seen is not None and a.seen[1] is first
+    clock.advance(5)
+    await L.renew(a, 10)
+    renewed = await db.transact(lambda tr: L.check_lease(tr, a))
+    assert renewed["expires_at"] == clock() + 10 != first["expires_at"]
+    clock.advance(11)
+    b = await L.claim("B", lease_seconds=10)
+    assert b.takeover
+    with pytest.raises(LeaseLost):
+        await db.transact(lambda tr: L.check_lease(tr, a))
+    assert (await db.transact(lambda tr: L.check_lease(tr, b)))["worker"] == "B"

@@ -237,3 +237,65 @@ async def test_append_with_create_makes_the_session_as_create_then_append_would(
     assert await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 2}], expected_head=2, create=True)) == 3
     with pytest.raises(SessionConflict):
         await db.transact(lambda tr: t.append_tr(tr, OWNER, "new", [{"i": 9}], expected_head=2, create=True))
+
+
+async def test_read_tail_for_append_hands_the_head_to_the_append(db):
+    """read_tail_for_append_tr: (None, head) for a new session, which the append then creates;
+    (page, head) for an existing one, appended to without reading the head again, still
+    guarded (a concurrent append conflicts); a HeadRead serves one append only."""
+    t = Sessions(db).transcripts
+
+    async def tail_then_append(tr, sid, msgs):
+        page, head = await t.read_tail_for_append_tr(tr, OWNER, sid, 100)
+        first = 0 if page is None else page.head
+        n = await t.append_tr(tr, OWNER, sid, msgs, expected_head=first, create=page is None, head=head)
+        return page, n
+
+    page, n = await db.transact(lambda tr: tail_then_append(tr, "s", [{"i": 0}]))
+    assert page is None and n == 1
+    page, n = await db.transact(lambda tr: tail_then_append(tr, "s", [{"i": 1}, {"i": 2}]))
+    assert [m.data for m in page.messages] == [{"i": 0}] and (page.head, n) == (1, 3)
+    assert [m.data["i"] for m in (await t.read(OWNER, "s")).messages] == [0, 1, 2]
+    info = await t.get(OWNER, "s")
+    assert (info.head, info.owner) == (3, OWNER.tag)
+
+    # without create, a missing session is NotFound as ever
+    async def no_create(tr):
+        page, head = await t.read_tail_for_append_tr(tr, OWNER, "missing", 100)
+        assert page is None
+        return await t.append_tr(tr, OWNER, "missing", [{"i": 0}], head=head)
+
+    with pytest.raises(NotFound):
+        await db.transact(no_create)
+
+    # the head the append trusts was read in its transaction: a competing append conflicts it
+    tr = db.create_transaction()
+    page, head = await t.read_tail_for_append_tr(tr, OWNER, "s", 100)
+    await t.append(OWNER, "s", [{"other": True}])
+    await t.append_tr(tr, OWNER, "s", [{"mine": True}], expected_head=3, head=head)
+    with pytest.raises(Exception) as e:
+        await tr.commit()
+    assert getattr(e.value, "code", None) == 1020
+    assert [m.data for m in (await t.read(OWNER, "s", 3)).messages] == [{"other": True}]
+
+    async def twice(tr):
+        page, head = await t.read_tail_for_append_tr(tr, OWNER, "s", 100)
+        await t.append_tr(tr, OWNER, "s", [{"a": 1}], head=head)
+        await t.append_tr(tr, OWNER, "s", [{"a": 2}], head=head)
+
+    with pytest.raises(AssertionError):
+        await db.transact(twice)
+
+
+async def test_an_append_sees_a_head_another_writer_moved(db):
+    """The decoded-head memo is keyed by the stored bytes: a head written by another
+    Transcripts (another process) is decoded afresh, so the guard sees it."""
+    a, b = Sessions(db).transcripts, Sessions(db).transcripts
+    await a.create(OWNER, "s")
+    assert await a.append(OWNER, "s", [{"by": "a"}], expected_head=0) == 1
+    assert await b.append(OWNER, "s", [{"by": "b"}], expected_head=1) == 2
+    with pytest.raises(SessionConflict) as e:
+        await a.append(OWNER, "s", [{"by": "a"}], expected_head=1)
+    assert e.value.actual == 2
+    assert await a.append(OWNER, "s", [{"by": "a"}], expected_head=2) == 3
+    assert [m.data["by"] for m in (await b.read(OWNER, "s")).messages] == ["a", "b", "a"]

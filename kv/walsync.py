@@ -10,8 +10,9 @@ concurrent writers: a batch waited ~0.6 ms for its write to *start* and
 ~0.2 ms more to be heard, about as long as the sync itself, and the loop sat
 idle in ``epoll`` a third of the time. A child process has its own GIL: the
 loop appends the record (a buffered write, microseconds), sends the segment
-number over a socket, and hears the reply through ``epoll`` like any other
-I/O, while the child spends its time in ``fdatasync``. The next batch may be
+number over a socket (and pokes an eventfd, which is what wakes the child:
+see ``kv._fsyncd`` for why not the socket), and hears the reply through
+``epoll`` like any other I/O, while the child spends its time in ``fdatasync``. The next batch may be
 written and its sync requested while one is out (``MAX_IN_FLIGHT``): the
 helper answers in order, and its next sync starts as soon as one returns,
 not when the busy loop gets round to hearing it.
@@ -77,6 +78,7 @@ class SyncHelper:
         self._answers: deque[int] = deque()  # outcomes heard, not yet taken (errno, 0: durable)
         self._buf = b""  # a partly read answer
         self._fd = -1  # the descriptor the newest record was written through (for syncing here)
+        self._efd = -1  # the eventfd the helper sleeps on (-1: none, it reads the socket)
 
     # -- the child ---------------------------------------------------------
 
@@ -86,14 +88,21 @@ class SyncHelper:
             return False
         self.starts += 1
         ours, theirs = socket.socketpair()
+        # The helper sleeps on an eventfd, not on the socket: see _fsyncd's docstring (a
+        # request on the socket alone made the helper preempt the event loop on its core).
+        efd = os.eventfd(0, os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
+        args = [str(theirs.fileno()), str(self.wal_dir)] + ([str(efd)] if efd >= 0 else [])
         try:
             # -I -S: no environment, no site-packages (the child uses the standard library only,
             # so it is up in milliseconds).
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", self.script, str(theirs.fileno()), str(self.wal_dir)],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+                [sys.executable, "-I", "-S", self.script, *args],
+                pass_fds=(theirs.fileno(),) + ((efd,) if efd >= 0 else ()), stdin=subprocess.DEVNULL,
+                close_fds=True)
         except OSError as exc:
             ours.close()
+            if efd >= 0:
+                os.close(efd)
             log.warning("could not start the log's sync helper for %s (%r); syncing on the event loop",
                         self.wal_dir, exc)
             return False
@@ -101,6 +110,7 @@ class SyncHelper:
             theirs.close()
         ours.setblocking(False)
         self._sock = ours
+        self._efd = efd
         return True
 
     def _lost(self, why: str) -> None:
@@ -114,8 +124,11 @@ class SyncHelper:
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
         self._buf = b""
+        efd, self._efd = self._efd, -1
         if sock is not None:
-            sock.close()
+            sock.close()  # (before the eventfd: the helper then sees the hang-up, not a request)
+        if efd >= 0:
+            os.close(efd)
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
@@ -157,6 +170,8 @@ class SyncHelper:
             return
         try:
             self._sock.send(_fsyncd.REQUEST.pack(number))  # 8 bytes into a socket holding <= 16: never partial
+            if self._efd >= 0:
+                os.eventfd_write(self._efd, 1)  # the wake-up (after the request is in the socket)
         except OSError as exc:
             self._lost(f"could not be reached ({exc!r})")
 

@@ -402,3 +402,36 @@ async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
         assert info.value.code == 4100
     finally:
         await db.close()
+
+
+async def test_the_helper_is_woken_by_its_eventfd_not_by_the_request_on_the_socket(tmp_path):
+    """The helper sleeps on an eventfd (a socket write would wake it synchronously,
+    on the event loop's own core: see _fsyncd's docstring). A request that reaches
+    the socket without the eventfd's poke is not answered; once poked, it is. The
+    helper still exits when the socket is closed (the hang-up wakes it)."""
+    import select
+
+    from kv import _fsyncd
+    from kv.wal import LogWriter
+
+    wal_dir = tmp_path / "wal"
+    wal_dir.mkdir()
+    log = LogWriter(wal_dir)
+    helper = SyncHelper(wal_dir)
+    try:
+        log.write(b"x" * 10)
+        helper.request(log.number, log.wfd)
+        with trio.fail_after(10):
+            await helper.done()  # the helper is up and has answered once
+        assert helper._efd >= 0
+        pid = helper.pid
+        sock = helper._sock
+        sock.send(_fsyncd.REQUEST.pack(log.number))  # the request alone, no poke
+        assert select.select([sock], [], [], 0.5)[0] == []  # not answered: the socket did not wake it
+        os.eventfd_write(helper._efd, 1)
+        assert select.select([sock], [], [], 10)[0] == [sock]
+        assert _fsyncd.REPLY.unpack(sock.recv(_fsyncd.REPLY.size)) == (0,)  # synced
+    finally:
+        helper.close()
+        log.close()
+    assert _wait_gone(pid)

@@ -72,7 +72,6 @@ CHILD_FAILED = "sim_child_failed"
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 # Exit status of a child whose run raised (its traceback is sent instead of a result).
 CHILD_ERROR_STATUS = 3
-WHENS = ("before", "after")
 
 assert MAX_RESULT_BYTES > 0 and 0 < CHILD_ERROR_STATUS < 256
 

@@ -21,6 +21,10 @@ shared machines are noisy and only ratios mean anything:
   the faster a lone durable commit, the lower this ceiling. Also the log
   segments sealed (each checkpointed by the helper process as one durable
   LMDB commit) and the keys left in the in-memory overlay at the end;
+* the same 64-writer ratio from ``PAIRED_RUNS`` more pairs, each a block of
+  sequential commits and a 1 s 64-writer run made back to back, with its
+  median and spread (``writers64_speedup_paired``; informational: the headline
+  ratio above decides ``targets_met``);
 * the longest single task step during each of those runs (a trio
   Instrument), since disk work must never block the loop for more than a few ms;
 * resolver time for one transaction with 1,000 read ranges checked against
@@ -188,6 +192,29 @@ async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float]
     return count / (time.perf_counter() - t0), timer.longest
 
 
+PAIRED_RUNS = 3  # extra (sequential block, 64-writer run) pairs, for the spread of the ratio
+
+
+async def bench_paired_writers64(db, runs: int, seconds: float) -> list[dict]:
+    """The 64-writer ratio again, ``runs`` times, each from a sequential block and a
+    64-writer run made back to back (same workloads as the headline figures).
+
+    Why: the headline ratio divides a rate measured in the writer phase by a
+    sequential p50 measured ~10 s earlier, and on these shared machines the disk's
+    sync time drifts by 10x within seconds (seen: raw fsync p50 0.2 ms, then 4 ms a
+    minute later); a pair measured together sees the same disk. Reported beside
+    the headline (which decides targets_met, unchanged) with its spread.
+    """
+    out = []
+    for run in range(runs):
+        seq = await bench_sequential_commits(db, 100, start=100_000 + run * 100)
+        rate, _ = await bench_writers(db, 64, seconds)
+        p50 = statistics.median(seq)
+        out.append({"seq_p50_ms": round(p50 * 1000, 3), "writers64_per_s": round(rate),
+                    "speedup": round(rate * p50, 1)})
+    return out
+
+
 def bench_resolver(n_writes: int, n_reads: int, repeats: int) -> float:
     rng = random.Random(7)
     resolver = Resolver()
@@ -258,6 +285,7 @@ async def main(quick: bool) -> dict:
                 rates[str(w)], stalls[str(w)] = round(rate), round(stall * 1000, 2)
             bound = (bound + (await bench_writers(mem, 64, 1.5 * scale))[0]) / 2
             await mem.close()
+            paired = await bench_paired_writers64(db, PAIRED_RUNS, 1.0 * scale)
             store = db.engine.store
             segments, overlay = store.stats["segments_sealed"], store.overlay_size()
         finally:
@@ -275,6 +303,12 @@ async def main(quick: bool) -> dict:
         "raw_lmdb_commit_p50_ms": round(statistics.median(raw_lmdb) * 1000, 3),
         "commits_per_s": rates,
         "writers64_speedup": round(rates["64"] / seq_rate, 1),
+        "writers64_speedup_paired": {
+            "median": statistics.median(r["speedup"] for r in paired),
+            "min": min(r["speedup"] for r in paired),
+            "max": max(r["speedup"] for r in paired),
+            "runs": paired,
+        },
         "memory_engine_64_writers_per_s": round(bound),
         "cpu_bound_writers64_speedup": round(bound / seq_rate, 1),
         "writers64_vs_cpu_bound": round(rates["64"] / bound, 2),

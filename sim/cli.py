@@ -41,9 +41,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", action="append", choices=names, metavar="NAME",
                    help=f"scenario(s) to run (repeatable; default all): {', '.join(names)}")
     p.add_argument("--exhaustive", action="store_true", help="crash before and after every write of each scenario")
-    p.add_argument("--fork", action="store_true",
-                   help="exhaustive: fork each crash run from the fault-free run instead of re-running its "
-                        "prefix (same results; Linux; see sim/fork.py for when it pays)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop starting runs after this many seconds")
     g = p.add_mutually_exclusive_group()
@@ -94,7 +91,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, status=f"{r.scenario:>14}  failures {failures}")
 
         summary = run_session(names, seed, exhaustive_mode=args.exhaustive, runs=runs,
-                              time_budget=args.time_budget, plan=plan, on_result=on_result, fork=args.fork)
+                              time_budget=args.time_budget, plan=plan, on_result=on_result)
     print_summary(summary, console)
     if args.show_trace:
         from .harness import run_once
@@ -130,7 +127,6 @@ def print_summary(summary: Summary, console: Any = None) -> None:
     t.add_row("runs/s", f"{summary.runs_per_second:.1f}")
     t.add_row("crash points/s", f"{summary.crash_points_per_second:.1f}")
     if summary.cpu_seconds:
-        t.add_row("CPU seconds (incl. forked runs)", f"{summary.cpu_seconds:.1f}")
         t.add_row("runs per CPU-second", f"{summary.runs / summary.cpu_seconds:.1f}")
     for name, n in sorted(summary.by_scenario.items()):
         t.add_row(f"  scenario: {name}", f"{n:,}")

@@ -148,8 +148,6 @@ class SimHooks(FaultHooks):
         world.stats["writes"] += 1
         k = world.stats["writes"]
         tr._sim_k = k
-        if world.forker is not None and proc is not None:  # exhaustive mode shares this prefix (sim/fork.py)
-            world.forker.at_write(k, "before")
         plan = world.plan
         if plan.crash_at == k and plan.crash_when == "before" and proc is not None:
             world.fault("crash.before_commit", k)
@@ -176,8 +174,6 @@ class SimHooks(FaultHooks):
         proc = self._proc(tr)
         if k is None or proc is None or proc.dead:
             return False
-        if world.forker is not None:
-            world.forker.at_write(k, "after")
         plan = world.plan
         if plan.crash_at == k and plan.crash_when == "after":
             world.fault("crash.after_commit", k)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import gc
 import time as _time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Callable, Iterator
 
 import trio
 
 from .faults import FaultPlan
-from .fork import Forker, child_of, fork_available
 from .world import Process, Violation, World
 
 __all__ = ["Scenario", "RunResult", "run_once", "exhaustive", "random_runs", "replay_command", "Checker"]
@@ -131,7 +130,6 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
     if on_world is not None:
         on_world(world)
     scenario = factory(world)
-    world.scenario_name = scenario.name
     checker = Checker(world)
     t0 = _time.perf_counter()
 
@@ -151,25 +149,11 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
         for p in problems:
             world.violate("kv_serializable", None, p)
 
-    try:
-        world.run(main)
-        result = _result(world, scenario, seed, checker, t0)
-    except BaseException as exc:
-        child = child_of(world)
-        if child is not None:  # a forked crash run (sim/fork.py): the parent reports it as a failed run
-            child.fail(exc)
-        raise
-    child = child_of(world)
-    if child is not None:  # a forked crash run: its result goes to the parent; the child ends here
-        child.finish(result)
-    return result
-
-
-def _result(world: World, scenario: Scenario, seed: int, checker: Checker, t0: float) -> RunResult:
+    world.run(main)
     return RunResult(
         scenario=scenario.name,
         seed=seed,
-        plan=world.plan,
+        plan=plan,
         violations=list(world.violations),
         trace=world.trace.hexdigest(),
         writes=world.stats["writes"],
@@ -185,50 +169,16 @@ def _result(world: World, scenario: Scenario, seed: int, checker: Checker, t0: f
     )
 
 
-def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None, fork: bool = False,
-               stop: Callable[[], bool] | None = None) -> Iterator[RunResult]:
-    """The fault-free run, then a crash before and after every write k in 1..W.
-
-    Each crash run is ``run_once(factory, seed, FaultPlan().with_crash(k, when))`` — run from the
-    start — unless ``fork`` (and the platform allows it, sim/fork.py): then the crash runs share the
-    fault-free run's prefix, forked at each crash point, with the same results
-    (tests/sim/test_sim_fork.py).  Not the default: see FORK_COST in sim/fork.py (on the machine
-    measured, a fork's copy-on-write faults cost more CPU than the prefix it saves).  ``stop`` (a
-    session's spent time budget) ends the crash runs early: checked before each one, the results
-    end at the first not run.
-    """
-    if fork and not fork_available():
-        fork = False
-    if not fork:
-        base = run_once(factory, seed)
-        yield base
-        if base.violations:
-            return
-        total = base.writes if limit is None else min(base.writes, limit)
-        for k in range(1, total + 1):
-            for when in ("before", "after"):
-                if stop is not None and stop():
-                    return
-                yield run_once(factory, seed, FaultPlan().with_crash(k, when))
-        return
-    forker = Forker(limit=limit, stop=stop)
-    base = run_once(factory, seed, on_world=forker.attach)
+def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None) -> Iterator[RunResult]:
+    """The fault-free run, then a crash before and after every write k in 1..W."""
+    base = run_once(factory, seed)
     yield base
     if base.violations:
         return
     total = base.writes if limit is None else min(base.writes, limit)
     for k in range(1, total + 1):
         for when in ("before", "after"):
-            if forker.stopped_at is not None and _order(k, when) >= _order(*forker.stopped_at):
-                return
-            r = forker.results.get((k, when))
-            # No child for this point: the crash could not fire there (no live process at that write),
-            # so that run is the fault-free one under the crash plan.
-            yield r if r is not None else replace(base, plan=FaultPlan().with_crash(k, when))
-
-
-def _order(k: int, when: str) -> int:
-    return 2 * k + (when == "after")
+            yield run_once(factory, seed, FaultPlan().with_crash(k, when))
 
 
 def random_runs(factories: list[ScenarioFactory], seed: int, runs: int) -> Iterator[RunResult]:

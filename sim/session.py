@@ -13,24 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-try:
-    import resource
-except ImportError:  # pragma: no cover - not Unix: no forked crash runs either (sim/fork.py)
-    resource = None  # type: ignore[assignment]
-
 from .faults import FaultPlan
 from .harness import RunResult, exhaustive, random_plan, replay_command, run_once
 
-__all__ = ["Summary", "Failure", "all_scenarios", "cpu_time", "plan_runs", "run_session", "shrink"]
-
-def cpu_time() -> float:
-    """CPU seconds used so far by this process and by its children that have ended (forked crash runs)."""
-    t = time.process_time()
-    if resource is not None:
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t += ru.ru_utime + ru.ru_stime
-    return t
-
+__all__ = ["Summary", "Failure", "all_scenarios", "plan_runs", "run_session", "shrink"]
 
 def all_scenarios() -> dict[str, type]:
     from .kvworkloads import CycleScenario, OutboxScenario
@@ -62,9 +48,7 @@ class Summary:
     invariant_failures: dict[str, int] = field(default_factory=dict)
     virtual_seconds: float = 0.0
     wall_seconds: float = 0.0
-    # CPU time of this process and of the crash runs it forked (sim/fork.py; each waited for before
-    # the next, so one core's worth): the rate on a shared (loaded) machine
-    cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # process CPU time: the rate on a shared (loaded) machine
     commits: int = 0
     transactions: int = 0
     task_steps: int = 0
@@ -124,13 +108,8 @@ class Summary:
 
 
 def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
-              plan: FaultPlan | None = None, stop: Callable[[], bool] | None = None, fork: bool = False,
-              ) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
-    """Yield the session's work lazily (exhaustive iterators first, then random seeds).
-
-    ``stop`` (the session's time budget) and ``fork`` are handed to :func:`exhaustive`: forked crash
-    runs (sim/fork.py) all happen inside the fault-free run, which stops forking once the budget is spent.
-    """
+              plan: FaultPlan | None = None) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
+    """Yield the session's work lazily (exhaustive iterators first, then random seeds)."""
     scen = all_scenarios()
     if plan is not None:  # an exact replay
         for n in names:
@@ -138,7 +117,7 @@ def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
         return
     if exhaustive_mode:
         for n in names:
-            yield (n, exhaustive(scen[n], seed, stop=stop, fork=fork))
+            yield (n, exhaustive(scen[n], seed))
     for i in range(runs):
         s = seed + i
         n = names[i % len(names)]
@@ -161,21 +140,16 @@ def shrink(result: RunResult) -> RunResult | None:
 def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, runs: int = 0,
                 time_budget: float | None = None, plan: FaultPlan | None = None,
                 on_result: Callable[[RunResult], None] | None = None, max_failures: int = 5,
-                quiet: bool = True, fork: bool = False) -> Summary:
-    """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary.
-
-    ``fork``: exhaustive crash runs share the fault-free run's prefix (sim/fork.py; same results).
-    """
+                quiet: bool = True) -> Summary:
+    """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary."""
     summary = Summary(seed=seed)
     t0 = time.perf_counter()
-    c0 = cpu_time()
+    c0 = time.process_time()
     previous = logging.root.manager.disable
     if quiet:
         logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
     try:
-        stop = None if time_budget is None else (lambda: time.perf_counter() - t0 > time_budget)
-        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan, stop=stop,
-                              fork=fork):
+        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan):
             it: Iterator[RunResult] = work[1] if isinstance(work, tuple) else iter([work()])
             for r in it:
                 summary.add(r)
@@ -191,5 +165,5 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     finally:
         logging.disable(previous)
         summary.wall_seconds = time.perf_counter() - t0
-        summary.cpu_seconds = cpu_time() - c0
+        summary.cpu_seconds = time.process_time() - c0
     return summary

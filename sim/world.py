@@ -403,9 +403,6 @@ class World:
         # called with the committing process after each applied commit; True removes the listener
         self.commit_listeners: list[Callable[[Any], bool]] = []
         self.finished_at = 0.0
-        self.scenario_name = ""  # (set by harness.run_once)
-        # exhaustive mode's prefix sharing (sim/fork.py): consulted at every crash point, else None
-        self.forker: Any = None
 
     @property
     def faults_on(self) -> bool:

@@ -10,9 +10,7 @@ transactions, writes applied and trio task steps per cycle — on a shared machi
 swing by +-15% between identical runs, these do not.  (Task steps are counted by the scheduler's
 seeded PRNG, sim.world._SchedulerRandom: free.)
 
-CPU time counts the forked crash runs' too (``--fork``; RUSAGE_CHILDREN, each waited for).
-
-    python tests/bench/bench_sim.py [--random-runs N] [--seed S] [--fork]
+    python tests/bench/bench_sim.py [--random-runs N] [--seed S]
 """
 
 from __future__ import annotations
@@ -33,17 +31,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--random-runs", type=int, default=100)
-    ap.add_argument("--fork", action="store_true",
-                    help="exhaustive crash runs forked from the fault-free run (sim/fork.py) instead of re-run")
     a = ap.parse_args()
     names = sorted(all_scenarios())
-    ex = run_session(names, a.seed, exhaustive_mode=True, fork=a.fork)
+    ex = run_session(names, a.seed, exhaustive_mode=True)
     rnd = run_session(names, a.seed, runs=a.random_runs)
     cycles = ex.runs + rnd.runs
     fig = {
         "bench": "sim",
         "scenarios": len(names),
-        "fork": a.fork,
         "exhaustive": {k: v for k, v in ex.figures().items() if k != "trace"},
         "random": {k: v for k, v in rnd.figures().items() if k != "trace"},
         "cycles": cycles,

@@ -115,6 +115,14 @@ async def _hold_answers_until(db, tmp_path: Path, gate: Path) -> None:
     _swap_helper(db, tmp_path, _after_gate(gate, "0"))
 
 
+async def _start_writers_until_two_out(nursery, store, writer) -> None:
+    """Start WRITERS ``writer(w)`` tasks; return once two sync requests are out (held by the gate)."""
+    for w in range(WRITERS):
+        nursery.start_soon(writer, w)
+    while store._sync._out < 2:
+        await trio.sleep(0.01)
+
+
 async def test_pipelined_batches_are_synced_by_one_helper_that_exits_with_the_store(tmp_path):
     path = tmp_path / "data"
     db = _open(path)
@@ -340,10 +348,7 @@ async def test_the_next_batch_is_written_while_one_syncs_and_waits_for_it(tmp_pa
 
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
-                for w in range(WRITERS):
-                    nursery.start_soon(writer, w)
-                while store._sync._out < 2:
-                    await trio.sleep(0.01)
+                await _start_writers_until_two_out(nursery, store, writer)
                 await trio.sleep(0.2)
                 assert store._sync._out == 2  # two batches out, the rest queued behind them
                 assert db.engine.stats["ahead_batches"] > ahead
@@ -383,10 +388,7 @@ async def test_a_failed_sync_fails_the_batch_written_behind_it(tmp_path):
 
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
-                for w in range(WRITERS):
-                    nursery.start_soon(writer, w)
-                while store._sync._out < 2:
-                    await trio.sleep(0.01)
+                await _start_writers_until_two_out(nursery, store, writer)
                 await trio.sleep(0.05)  # every writer has reached commit()
                 queued = len(db.engine._pending)  # not written yet (the batch behind took its share)
                 gate.touch()

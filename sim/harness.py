@@ -85,6 +85,10 @@ class RunResult:
     wall_seconds: float
     transactions: int = 0  # kv transactions created (processes and checks)
     task_steps: int = 0  # trio task steps
+    # Process CPU seconds of the whole run, and of its prefix (until the first crash; 0.0 when
+    # nothing crashed): what sharing prefixes between crash runs could save at most (bench_sim).
+    cpu_seconds: float = 0.0
+    prefix_cpu_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -132,6 +136,7 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
     scenario = factory(world)
     checker = Checker(world)
     t0 = _time.perf_counter()
+    c0 = _time.process_time()
 
     async def main(world: World) -> None:
         async with trio.open_nursery() as nursery:
@@ -166,6 +171,8 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
         wall_seconds=_time.perf_counter() - t0,
         transactions=world.stats["transactions"],
         task_steps=world.stats["task_steps"],
+        cpu_seconds=_time.process_time() - c0,
+        prefix_cpu_seconds=(world.first_crash_cpu - c0) if world.first_crash_cpu is not None else 0.0,
     )
 
 

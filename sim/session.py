@@ -49,6 +49,7 @@ class Summary:
     virtual_seconds: float = 0.0
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0  # process CPU time: the rate on a shared (loaded) machine
+    prefix_cpu_seconds: float = 0.0  # of the runs' CPU, the part before their first crash
     commits: int = 0
     transactions: int = 0
     task_steps: int = 0
@@ -68,6 +69,7 @@ class Summary:
         self.commits += r.commits
         self.transactions += r.transactions
         self.task_steps += r.task_steps
+        self.prefix_cpu_seconds += r.prefix_cpu_seconds
         self.by_scenario[r.scenario] = self.by_scenario.get(r.scenario, 0) + 1
         self._hash.update(f"{r.scenario}|{r.seed}|{r.plan.describe()}|{r.trace}\n".encode())
         for v in r.violations:
@@ -103,6 +105,9 @@ class Summary:
             "kv_transactions_per_run": round(self.transactions / self.runs, 1) if self.runs else 0.0,
             "writes_applied_per_run": round(self.commits / self.runs, 1) if self.runs else 0.0,
             "task_steps_per_run": round(self.task_steps / self.runs, 1) if self.runs else 0.0,
+            # the share of the CPU spent before each run's first crash (re-running the history up to
+            # the crash point): the most any prefix sharing could save
+            "prefix_cpu_share": round(self.prefix_cpu_seconds / self.cpu_seconds, 3) if self.cpu_seconds else 0.0,
             "trace": self.trace,
         }
 

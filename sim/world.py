@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import time
+from time import process_time as _process_time  # (bound at import: the run patches time.time/monotonic)
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Awaitable, Callable, Iterator, TypeVar
@@ -334,7 +335,10 @@ class Process:
         if self.dead:
             return
         self.dead = True
-        self.world.trace.add("crash", self.label, why, f"{self.world.now():.6f}")
+        world = self.world
+        if world.first_crash_cpu is None:
+            world.first_crash_cpu = _process_time()
+        world.trace.add("crash", self.label, why, f"{world.now():.6f}")
         self.world.stats["crashes"] += 1
         for s in list(self._scopes):
             s.cancel()
@@ -403,6 +407,10 @@ class World:
         # called with the committing process after each applied commit; True removes the listener
         self.commit_listeners: list[Callable[[Any], bool]] = []
         self.finished_at = 0.0
+        # Process CPU time (time.process_time) when the first process died: a run's CPU before it is
+        # its prefix, the part a prefix-sharing scheme (forking, snapshots) could skip.  Measured,
+        # never part of the trace.
+        self.first_crash_cpu: float | None = None
 
     @property
     def faults_on(self) -> bool:

@@ -8,7 +8,9 @@ the target of >= 100 cycles/s on one core (judged per CPU-second) was met.  Besi
 deterministic cost of a cycle (the same on every machine, for the same code and seed): kv
 transactions, writes applied and trio task steps per cycle — on a shared machine the CPU figures
 swing by +-15% between identical runs, these do not.  (Task steps are counted by the scheduler's
-seeded PRNG, sim.world._SchedulerRandom: free.)
+seeded PRNG, sim.world._SchedulerRandom: free.)  ``prefix_cpu_share`` (per mode) is the part of the
+CPU spent before each run's first crash, and ``cycles_per_cpu_s_prefix_free`` the rate if the
+exhaustive crash runs' prefixes cost nothing: the ceiling of any prefix-sharing scheme.
 
     python tests/bench/bench_sim.py [--random-runs N] [--seed S]
 """
@@ -44,6 +46,10 @@ def main() -> None:
         "cycles": cycles,
         "cycles_per_cpu_s": round(cycles / (ex.cpu_seconds + rnd.cpu_seconds), 1),
         "cycles_per_wall_s": round(cycles / (ex.wall_seconds + rnd.wall_seconds), 1),
+        # The rate if every exhaustive crash run started at its crash point for free (its prefix,
+        # the history re-run up to write k, skipped): the ceiling of any prefix sharing (fork,
+        # snapshots) - see docs/sim.md, "Throughput".
+        "cycles_per_cpu_s_prefix_free": round(cycles / (ex.cpu_seconds + rnd.cpu_seconds - ex.prefix_cpu_seconds), 1),
         "kv_transactions_per_cycle": round((ex.transactions + rnd.transactions) / cycles, 1),
         "writes_applied_per_cycle": round((ex.commits + rnd.commits) / cycles, 1),
         "task_steps_per_cycle": round((ex.task_steps + rnd.task_steps) / cycles, 1),

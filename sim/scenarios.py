@@ -268,6 +268,25 @@ class Turn:
 
 
 @dataclass
+class ClientState:
+    """Where one simulated client is, recorded as it goes, so that a snapshot of the world holds
+    it (sim.resume): a crash run can start from the snapshot at its crash point instead of re-running
+    the history up to it.  What each field means depends on the client (RuntimeScenario's)."""
+
+    phase: str = "start"
+    wake_at: float | None = None  # asleep until then (virtual time)
+    in_call: bool = False  # a call is out: a crash cuts it short, and the client retries it
+    run_id: str | None = None  # the run its submission was acknowledged as
+    pending: list[str] | None = None  # approvals still to give
+    runs: list[str] | None = None  # the runs to wait for, and how far it got
+    index: int = 0
+    behind: bool = False  # a follower told it fell behind retention
+    follow: list[str] | None = None  # drive: the conversations followed, and the first turns' count
+    turns: int = 0
+    caught: bool = False  # drive: the chaos period ran out
+
+
+@dataclass
 class App:
     """What a client talks to: one process's runtime and its agents."""
 
@@ -298,6 +317,7 @@ class RuntimeScenario(Scenario):
         self.conflict_accepted: dict[str, str] = {}
         self.followed: dict[str, list[tuple[str, str]]] = {}  # conversation -> (cursor, type) seen live
         self.forks: list[tuple[str, str, int]] = []
+        self.clients: dict[str, ClientState] = {}  # where each simulated client is (resumable)
         self.model_calls: dict[Any, int] = {}
         self.tools_called: dict[str, int] = {}
         self._clog_done = False
@@ -517,72 +537,128 @@ class RuntimeScenario(Scenario):
 
     # ------------------------------------------------------------------ clients
 
-    async def call(self, fn: Callable[[App], Any], proc: str | None = None) -> Any:
-        """A client call, retried on a process that died under it (the caller's code must be idempotent)."""
+    def client(self, key: str) -> "ClientState":
+        """The recorded position of one simulated client (see :class:`ClientState`)."""
+        st = self.clients.get(key)
+        if st is None:
+            st = self.clients[key] = ClientState()
+        return st
+
+    async def _sleep(self, st: "ClientState", seconds: float) -> None:
+        """``trio.sleep(seconds)`` with its wake-up time recorded; resumed, sleep what was left."""
+        if st.wake_at is None:
+            st.wake_at = self.world.now() + seconds
+            await trio.sleep(seconds)
+        else:  # resumed from a snapshot taken mid-sleep
+            left = st.wake_at - self.world.now()
+            await (trio.sleep(left) if left > 0 else trio.lowlevel.checkpoint())
+        st.wake_at = None
+
+    async def call(self, fn: Callable[[App], Any], proc: str | None = None, st: "ClientState | None" = None) -> Any:
+        """A client call, retried on a process that died under it (the caller's code must be idempotent).
+
+        With ``st``, the call is recorded as in flight until it returns: a client resumed from a
+        snapshot taken meanwhile lost it to the crash, as a ProcessDied would tell it, and retries.
+        """
+        if st is not None:
+            if st.in_call:  # resumed: the crash cut this call short
+                self.world.trace.add("client.retry")
+            st.in_call = True
         while True:
             name = proc or self.world.rng.choice(self.processes)
             try:
-                return await self.world.call(name, fn)
+                result = await self.world.call(name, fn)
             except ProcessDied:
                 self.world.trace.add("client.retry")
+                continue
+            except BaseException:
+                if st is not None:
+                    st.in_call = False
+                raise
+            if st is not None:
+                st.in_call = False
+            return result
 
-    async def submit(self, turn: Turn, text: str | None = None) -> Any:
+    async def submit(self, turn: Turn, text: str | None = None, st: "ClientState | None" = None) -> Any:
         text = text or turn.text
 
         async def go(app: App) -> Any:
             return await app.rt.submit(app.agents[self.agent_name(turn)], turn.conversation, text,
                                        submission_id=turn.submission_id, limits=turn.limits)
 
-        ack = await self.call(go)
+        ack = await self.call(go, st=st)
         self.acks.setdefault(turn.submission_id, set()).add(ack.run_id)
         self.run_of[turn.submission_id] = ack.run_id
         self.world.trace.add("ack", turn.submission_id, ack.run_id, ack.duplicate)
         return ack
 
-    async def run_turn(self, turn: Turn) -> None:
+    async def run_turn(self, turn: Turn, key: str) -> None:
+        """One turn's client, from wherever ``self.client(key)`` says it is (the start, at first)."""
         world = self.world
-        if turn.delay:
-            await trio.sleep(turn.delay)
-        ack = await self.submit(turn)
-        if turn.resubmit:
-            await self.submit(turn)
-        if turn.conflict:
-            try:
-                await self.submit(turn, text=turn.text + " (changed)")
-                self.conflict_accepted[turn.submission_id] = "accepted"
-            except Exception as e:  # noqa: BLE001 - the ledger's SubmissionConflict is the expected refusal
-                if type(e).__name__ == "SubmissionConflict":
-                    self.conflicts[turn.submission_id] = self.conflicts.get(turn.submission_id, 0) + 1
-                else:
-                    raise
-        if turn.cancel_after is not None:
-            await trio.sleep(turn.cancel_after)
-            info = await self.call(lambda app: app.rt.cancel(ack.run_id))
-            self.cancel_acked[ack.run_id] = info.status
-            world.trace.add("cancel", ack.run_id, info.status)
-        if turn.approve is not None:
-            await self.approve_when_parked(ack.run_id, turn.approve)
+        st = self.client(key)
+        if st.phase == "start":
+            if turn.delay:
+                await self._sleep(st, turn.delay)
+            st.phase = "submit"
+        if st.phase == "submit":
+            ack = await self.submit(turn, st=st)
+            st.run_id = ack.run_id
+            st.phase = "resubmit"
+        if st.phase == "resubmit":
+            if turn.resubmit:
+                await self.submit(turn, st=st)
+            st.phase = "conflict"
+        if st.phase == "conflict":
+            if turn.conflict:
+                try:
+                    await self.submit(turn, text=turn.text + " (changed)", st=st)
+                    self.conflict_accepted[turn.submission_id] = "accepted"
+                except Exception as e:  # noqa: BLE001 - the ledger's SubmissionConflict is the expected refusal
+                    if type(e).__name__ == "SubmissionConflict":
+                        self.conflicts[turn.submission_id] = self.conflicts.get(turn.submission_id, 0) + 1
+                    else:
+                        raise
+            st.phase = "cancel"
+        run_id = st.run_id
+        if st.phase == "cancel":
+            if turn.cancel_after is not None:
+                if not st.in_call:
+                    await self._sleep(st, turn.cancel_after)
+                info = await self.call(lambda app: app.rt.cancel(run_id), st=st)
+                self.cancel_acked[run_id] = info.status
+                world.trace.add("cancel", run_id, info.status)
+            st.phase = "approve"
+        if st.phase == "approve":
+            if turn.approve is not None:
+                await self.approve_when_parked(run_id, turn.approve, st)
+            st.phase = "done"
 
-    async def approve_when_parked(self, run_id: str, allow: bool) -> None:
+    async def approve_when_parked(self, run_id: str, allow: bool, st: "ClientState") -> None:
+        """Poll the run; approve (or deny) what it waits for; until it settled.  ``st.pending``: the
+        call ids still to answer, ``st.wake_at``: the poll's pause (resumable at any of these)."""
         while True:
-            info = await self.call(lambda app: app.rt.get_run(run_id))
-            if info.status in SETTLED:
-                return
-            if info.status == "parked" and info.pending_approvals:
-                for call_id in list(info.pending_approvals):
-                    await self.call(lambda app: app.rt.approve(run_id, call_id, allow, "simulated human"))
-                    self.world.trace.add("approve", run_id, call_id, allow)
-            await trio.sleep(0.5 + self.world.rng.random())
+            if st.pending is None and st.wake_at is None:
+                info = await self.call(lambda app: app.rt.get_run(run_id), st=st)
+                if info.status in SETTLED:
+                    return
+                st.pending = list(info.pending_approvals) if info.status == "parked" and info.pending_approvals else []
+            while st.pending:
+                call_id = st.pending[0]
+                await self.call(lambda app: app.rt.approve(run_id, call_id, allow, "simulated human"), st=st)
+                self.world.trace.add("approve", run_id, call_id, allow)
+                del st.pending[0]
+            st.pending = None
+            await self._sleep(st, 0.5 + self.world.rng.random() if st.wake_at is None else 0.0)
 
     async def follower(self, conversation: str) -> None:
         """Follow a conversation's journal live, resuming from the last cursor after a crash; told it
         fell behind retention, start again from the oldest retained event, de-duplicating by position."""
         seen = self.followed.setdefault(conversation, [])
-        behind = {"now": False}
+        st = self.client("follow " + conversation)  # st.behind: told it fell behind (start from the oldest)
 
         async def go(app: App) -> None:
-            after = None if behind["now"] or not seen else seen[-1][0]
-            behind["now"] = False
+            after = None if st.behind or not seen else seen[-1][0]
+            st.behind = False
             async for ev in app.rt.events(conversation, after=after):
                 if seen and ev.cursor <= seen[-1][0]:
                     continue  # already seen before a restart from the oldest retained event
@@ -591,6 +667,8 @@ class RuntimeScenario(Scenario):
                     await trio.sleep(self.follower_pause)
 
         while True:
+            if st.wake_at is not None:  # resumed in the pause after a NotFound
+                await self._sleep(st, 0.0)
             try:
                 await self.world.call(self.processes[0], go)
             except ProcessDied:
@@ -598,32 +676,57 @@ class RuntimeScenario(Scenario):
             except Exception as e:  # noqa: BLE001 - e.g. the conversation does not exist yet
                 name = type(e).__name__
                 if name == "CursorBehind":
-                    behind["now"] = True
+                    st.behind = True
                     self.world.trace.add("behind", conversation, getattr(e, "first_retained", None))
                     self.behind[conversation] = self.behind.get(conversation, 0) + 1
                     continue
                 if name not in ("NotFound", "KVError"):
                     raise
-                await trio.sleep(0.01)
+                await self._sleep(st, 0.01)
 
     async def drive(self) -> None:
+        """The clients, from wherever ``self.client("drive")`` says they are (the start, at first)."""
+        d = self.client("drive")
+        if d.phase == "start":
+            d.follow = sorted({t.conversation for t in self.turns}) if self.follow else []
+            d.turns = len(self.turns)
+            d.phase = "turns"
+        if d.phase == "done":
+            return
         async with trio.open_nursery() as followers:
-            if self.follow:
-                for conv in sorted({t.conversation for t in self.turns}):
-                    followers.start_soon(self.follower, conv)
-            async with trio.open_nursery() as clients:
-                for turn in self.turns:
-                    clients.start_soon(self.run_turn, turn)
-            await self.after_turns()
-            # Faults keep firing while the runs execute (for a while), then recovery to quiescence
-            # runs fault-free; the followers keep following until it is over.
-            with trio.move_on_after(CHAOS_SECONDS) as chaos:
-                await self._settle_all()
-            self.world.faults_on = False
-            if chaos.cancelled_caught:  # (a settled run stays settled: no second round otherwise)
-                await self._settle_all()
-            self._settled = True
-            await trio.sleep(0.1 + self.follower_pause * 20)  # let followers catch up with the last events
+            for conv in d.follow:
+                followers.start_soon(self.follower, conv)
+            if d.phase == "turns":
+                async with trio.open_nursery() as clients:
+                    for i, turn in enumerate(self.turns[:d.turns]):
+                        if self.client(f"turn {i}").phase != "done":
+                            clients.start_soon(self.run_turn, turn, f"turn {i}")
+                d.phase = "after"
+            if d.phase == "after":
+                await self.after_turns()
+                d.phase = "chaos"
+            if d.phase == "chaos":
+                # Faults keep firing while the runs execute (for a while), then recovery to quiescence
+                # runs fault-free; the followers keep following until it is over.
+                if d.wake_at is None:
+                    d.wake_at = self.world.now() + CHAOS_SECONDS  # (the same float as move_on_after's)
+                    chaos = trio.move_on_after(CHAOS_SECONDS)
+                else:  # resumed
+                    chaos = trio.move_on_at(d.wake_at)
+                with chaos:
+                    await self._settle_all("settle chaos")
+                d.wake_at = None
+                self.world.faults_on = False
+                d.caught = chaos.cancelled_caught
+                d.phase = "settle"
+            if d.phase == "settle":
+                if d.caught:  # (a settled run stays settled: no second round otherwise)
+                    await self._settle_all("settle again")
+                self._settled = True
+                d.phase = "catch up"
+            if d.phase == "catch up":
+                await self._sleep(d, 0.1 + self.follower_pause * 20)  # let followers catch up with the last events
+                d.phase = "done"
             followers.cancel_scope.cancel()
 
     async def after_turns(self) -> None:
@@ -643,14 +746,19 @@ class RuntimeScenario(Scenario):
 
         return listener
 
-    async def _settle_all(self) -> None:
+    async def _settle_all(self, key: str) -> None:
         """Wait (as clients following each run's journal) until every acknowledged run settled."""
-        for sub, run_id in sorted(self.run_of.items()):
-            await self.call(lambda app: app.rt.wait(run_id))
+        st = self.client(key)
+        if st.runs is None:
+            st.runs = [run_id for _, run_id in sorted(self.run_of.items())]  # (in submission order)
+        while st.index < len(st.runs):
+            run_id = st.runs[st.index]
+            await self.call(lambda app: app.rt.wait(run_id), st=st)
+            st.index += 1
 
     async def quiesce(self) -> None:
         if not self._settled:  # drive saw every acknowledged run settled already
-            await self._settle_all()
+            await self._settle_all("quiesce")
 
     async def check(self, checker: Checker) -> None:
         from .invariants import check_runtime
@@ -725,11 +833,18 @@ class ForkTurns(RuntimeScenario):
         return [Turn("c1", "plain", "s1")]
 
     async def after_turns(self) -> None:
-        await self._settle_all()
-        new = await self.call(lambda app: app.rt.fork("c1", 2, new_conversation="c1-fork"))
-        self.forks.append(("c1", new, 2))
-        self.turns.append(Turn(new, "plain", "s2"))
-        await self.run_turn(self.turns[-1])
+        st = self.client("fork")
+        if st.phase == "start":
+            await self._settle_all("settle before the fork")
+            st.phase = "fork"
+        if st.phase == "fork":
+            new = await self.call(lambda app: app.rt.fork("c1", 2, new_conversation="c1-fork"), st=st)
+            self.forks.append(("c1", new, 2))
+            self.turns.append(Turn(new, "plain", "s2"))
+            st.phase = "turn"
+        if st.phase == "turn":
+            await self.run_turn(self.turns[-1], "fork turn")
+            st.phase = "done"
 
 
 class ConcurrentConversations(RuntimeScenario):

@@ -23,7 +23,11 @@ pytestmark = pytest.mark.usefixtures("quiet_runtime_logs")  # tests/conftest.py
 class _ViaRun:
     """Mixin: a turn's client calls ``rt.run`` and waits there for the outcome."""
 
-    async def run_turn(self, turn: Turn) -> None:  # type: ignore[override]
+    # A client waiting in rt.run records no ClientState (sim.scenarios) to resume it from: crash
+    # runs of these scenarios start from the beginning, never from a snapshot of the world.
+    resumable = False
+
+    async def run_turn(self, turn: Turn, key: str = "") -> None:  # type: ignore[override]
         import trio
 
         if turn.delay:

@@ -267,6 +267,7 @@ class Engine:
         self._last_assigned = self._last_version  # the newest batch version handed out
         self._pending: list[CommitRequest] = []
         self._writing = False
+        self._handed_on = False  # the pipeline's owner gave it to a waiter (_hand): set per turn
         self._watches: dict[bytes, set[Watch]] = {}
         self._watch_count = 0
         self.closed = False
@@ -347,16 +348,17 @@ class Engine:
                 # The batch ahead of ours handed us the one we are in, already
                 # on its way to disk: see it through, then pass the pipeline on.
                 lead, req.lead = req.lead, None
-                handed = False
+                self._handed_on = False
                 try:
                     with trio.CancelScope(shield=True):
-                        handed = await self._finish_submitted(*lead)
+                        await self._finish_submitted(*lead)
                 finally:
-                    if not handed:
+                    # (also when it raised: a batch behind it may have been handed on first)
+                    if not self._handed_on:
                         self._release_pipeline()
             elif not self._writing:
                 self._writing = True
-                inline = handed = False
+                inline = self._handed_on = False
                 try:
                     batch = self._take_batch()
                     if batch and self._can_apply_inline(sum([len(r.mutations) for r in batch])):
@@ -368,9 +370,9 @@ class Engine:
                         self._write_inline(batch)
                     elif batch:
                         with trio.CancelScope(shield=True):
-                            handed = await self._write_one_batch(batch)
+                            await self._write_one_batch(batch)
                 finally:
-                    if not handed:
+                    if not self._handed_on:
                         self._release_pipeline()
                 if inline and self._checkpoint_after_inline:
                     # a schedule point, so a loop of inline commits still lets I/O in
@@ -596,11 +598,17 @@ class Engine:
         return None
 
     def _hand(self, lead: tuple) -> None:
-        """Give a batch that is out to its first waiter, who sees it through."""
+        """Give a batch that is out to its first waiter, who sees it through.
+
+        The pipeline is then that waiter's: ``_handed_on`` tells the task
+        giving it away (``commit``) not to release it, whether it returns or
+        raises.
+        """
         # Every request of that batch is a parked waiter (or already woken and
         # not yet run): its first one waits for it, then passes the pipeline on.
         waiter = lead[0][0]
         waiter.lead = lead
+        self._handed_on = True
         _wake(waiter)
 
     async def _finish_submitted(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
@@ -641,32 +649,33 @@ class Engine:
             await job.wait()
         except BaseException as exc:
             self._applying_version = nxt[1] if nxt is not None else None
-            self._fail(batch, version, exc)
-            if nxt is not None:
-                # The batch behind this one is out: its waiter sees it through (and hears
-                # the store's verdict on it). This batch's members carry the error.
-                self._hand(nxt)
-                return True
-            if not isinstance(exc, Exception):
-                raise
-            return False
+            return self._failed_submitted(batch, version, exc, nxt)
         self._applying_version = nxt[1] if nxt is not None else None
         try:
             failures = self._applied(version, accepted, mutations)
         except BaseException as exc:  # a fault hook: the batch is durable, nobody hears
-            self._fail(batch, version, exc)
-            if nxt is not None:
-                self._hand(nxt)
-                return True
-            if not isinstance(exc, Exception):
-                raise
-            return False
+            return self._failed_submitted(batch, version, exc, nxt)
         lead = nxt if nxt is not None else self._start_next()
         self._deliver(batch, version, failures)
         if lead is None:
             return False
         self._hand(lead)
         return True
+
+    def _failed_submitted(self, batch: list[CommitRequest], version: int, exc: BaseException,
+                          nxt: tuple | None) -> bool:
+        """A submitted batch failed (``exc``): its members carry the error; the batch
+        written behind it, if any, is handed on to its waiter, who sees it through
+        (and hears the store's verdict on it). An ``Exception`` is the members'
+        answer and ends here; anything else (``KeyboardInterrupt``, a simulated
+        crash) also propagates from this task, after the hand-over (``_hand``
+        marks the pipeline given away, so ``commit`` does not release it too)."""
+        self._fail(batch, version, exc)
+        if nxt is not None:
+            self._hand(nxt)
+        if not isinstance(exc, Exception):
+            raise exc
+        return nxt is not None
 
     # -- watches ----------------------------------------------------------
 

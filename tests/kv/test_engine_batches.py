@@ -238,3 +238,84 @@ async def test_a_lopsided_pair_of_batches_is_evened_out():
         return len(await tr.get_range(b"", b"\xff"))
 
     assert await db.transact(count) == 10 * commits_each
+
+
+class _Boom(BaseException):
+    """Not an Exception: what KeyboardInterrupt or the simulator's Crash look like to the engine."""
+
+
+class _FailingJob(_HeldJob):
+    async def wait(self) -> None:
+        await self.answered.wait()
+        if self.store.fail_next is not None:
+            assert self.store.out[0] is self
+            self.store.out.pop(0)
+            exc, self.store.fail_next = self.store.fail_next, None
+            raise exc
+        await super().wait()
+
+
+class _FailingStore(_SyncingStore):
+    """``_SyncingStore`` whose next answered batch may raise ``fail_next`` instead; it
+    checks that never more than two batches are out (the pipeline has one owner)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next: BaseException | None = None
+
+    def submit(self, version: int, mutations) -> _HeldJob:
+        assert len(self.out) < 2, "a third batch out: two tasks own the pipeline"
+        job = _FailingJob(self, version, mutations)
+        self.out.append(job)
+        self.sizes.append(len(mutations))
+        return job
+
+
+async def test_a_base_exception_from_a_batch_with_one_written_behind_it_propagates_once():
+    """A batch fails with something that is not an ``Exception`` while the next
+    batch is already written behind it: every member of the failed batch gets it
+    (raised once each: their leader raises it, the others get it as their answer),
+    the batch behind is handed on and commits, and the pipeline is not released
+    twice (a third batch never goes out beside the two)."""
+    store = _FailingStore()
+    db = Database(Engine(store), url="memory:failing")
+    outcomes: dict[bytes, object] = {}
+
+    async def commit(key: bytes) -> None:
+        tr = db.create_transaction()
+        tr.set(key, b"v")  # blind write: idempotent
+        try:
+            await tr.commit()
+            outcomes[key] = "ok"
+        except _Boom:
+            outcomes[key] = "boom"
+
+    async def lone() -> None:
+        await commit(b"lone/0")
+        await commit(b"lone/1")  # written behind the crowd's batch
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lone)
+        await trio.testing.wait_all_tasks_blocked()
+        for w in range(3):
+            nursery.start_soon(commit, b"crowd/%d" % w)
+        await trio.testing.wait_all_tasks_blocked()
+        store.answer_oldest()  # lone/0 durable: the crowd's batch goes out, lone/1 behind it
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.sizes == [1, 3, 1] and len(store.out) == 2
+        store.fail_next = _Boom()
+        store.answer_oldest()  # the crowd's batch fails
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(commit, b"late")  # queued while lone/1 is still out
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(store.out) == 1  # lone/1 only: the late commit waits for the pipeline
+        while store.out:
+            store.answer_oldest()
+            await trio.testing.wait_all_tasks_blocked()
+    assert outcomes == {b"lone/0": "ok", b"crowd/0": "boom", b"crowd/1": "boom", b"crowd/2": "boom",
+                        b"lone/1": "ok", b"late": "ok"}
+
+    async def keys(tr):  # read-only
+        return [r.key for r in await tr.get_range(b"", b"\xff")]
+
+    assert await db.transact(keys) == [b"late", b"lone/0", b"lone/1"]

@@ -102,7 +102,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             again = run_once(all_scenarios()[r.scenario], r.seed, r.plan, trace_keep=args.show_trace,
                              on_world=lambda w: world_trace.append(w))
             console.print(f"[bold]trace of {r.scenario} seed {r.seed} ({r.plan.describe()}), last lines:[/]")
-            for line in world_trace[0].trace.tail if world_trace else []:
+            for line in world_trace[-1].trace.tail if world_trace else []:  # (a crash run resumed: its 2nd world)
                 console.print("   " + line, highlight=False, markup=False)
             assert again.trace == r.trace, "replay diverged"
     return 0 if summary.ok else 1

@@ -149,6 +149,8 @@ class SimHooks(FaultHooks):
         k = world.stats["writes"]
         tr._sim_k = k
         plan = world.plan
+        if world.recorder is not None:
+            world.snapshot(proc, k, "before")
         if plan.crash_at == k and plan.crash_when == "before" and proc is not None:
             world.fault("crash.before_commit", k)
             proc.kill(f"before write {k}")
@@ -175,6 +177,8 @@ class SimHooks(FaultHooks):
         if k is None or proc is None or proc.dead:
             return False
         plan = world.plan
+        if world.recorder is not None:
+            world.snapshot(proc, k, "after")
         if plan.crash_at == k and plan.crash_when == "after":
             world.fault("crash.after_commit", k)
             proc.kill(f"after write {k}")

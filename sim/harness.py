@@ -9,11 +9,15 @@ quiescence, then the checks on a fault-free handle, then the kv oracle.
 
 :func:`exhaustive` first runs a scenario fault-free to count its writes W,
 then crashes before and after each write k in 1..W (2W runs), each on the
-same seed, so crash point k is the same instant of the same history.
+same seed, so crash point k is the same instant of the same history.  The
+fault-free run takes a snapshot of the world at each write (sim.resume), and
+a crash run of a scenario that can be resumed starts from its snapshot
+instead of re-running the history up to write k.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import time as _time
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ from typing import Any, AsyncContextManager, Callable, Iterator
 import trio
 
 from .faults import FaultPlan
+from .resume import Recorder, Snapshot, restore
 from .world import Process, Violation, World
 
 __all__ = ["Scenario", "RunResult", "run_once", "exhaustive", "random_runs", "replay_command", "Checker"]
@@ -111,8 +116,17 @@ assert RUN_GC_GEN0_THRESHOLD > 0
 
 
 def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None, *, trace_keep: int = 0,
-             on_world: Callable[[World], Any] | None = None) -> RunResult:
+             on_world: Callable[[World], Any] | None = None, recorder: Recorder | None = None,
+             resume: Snapshot | None = None, reexecute: bool = False) -> RunResult:
     """One complete run: boot, drive, recover to quiescence, check.
+
+    A crash run (``plan`` crashing at an exact write) of a scenario that can be resumed
+    (sim.resume) starts at its crash point: from ``resume`` (the snapshot an exhaustive session's
+    fault-free run took there), or else it runs up to the crash point, takes the snapshot and
+    stops, then goes on from it — the same run either way.  ``recorder``: the snapshots this run
+    takes (the fault-free run of an exhaustive session takes one at every write).  ``reexecute``:
+    a crash run re-runs its history up to the crash point and goes on in the same world, as before
+    snapshots (tests/sim compares the two at the crash point).
 
     The cyclic garbage collector waits for the end of the run (see RUN_GC_GEN0_THRESHOLD): then
     the whole world is garbage and one young-generation collection frees it.
@@ -120,28 +134,46 @@ def run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None = None,
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], RUN_GC_GEN0_THRESHOLD), *threshold[1:])
     try:
-        return _run_once(factory, seed, plan, trace_keep, on_world)
+        plan = plan or FaultPlan()
+        if (resume is None and recorder is None and not reexecute and plan.crash_at is not None
+                and not plan.buggify):
+            recorder = Recorder(only=(plan.crash_at, plan.crash_when))
+        result = _run_once(factory, seed, plan, trace_keep, on_world, recorder, resume)
+        if isinstance(result, Snapshot):  # stopped at its crash point: go on from there
+            gc.collect(1)  # (the stopped world)
+            result = _run_once(factory, seed, plan, trace_keep, on_world, None, result)
+        assert isinstance(result, RunResult)
+        return result
     finally:  # (this run's frames are gone: its world is unreachable)
         gc.set_threshold(*threshold)
         if gc.isenabled():
             gc.collect(1)
 
 
-def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace_keep: int,
-              on_world: Callable[[World], Any] | None) -> RunResult:
-    plan = plan or FaultPlan()
+def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan, trace_keep: int,
+              on_world: Callable[[World], Any] | None, recorder: Recorder | None,
+              snapshot: Snapshot | None) -> RunResult | Snapshot:
     world = World(seed, plan, trace_keep=trace_keep)
-    if on_world is not None:
-        on_world(world)
-    scenario = factory(world)
-    checker = Checker(world)
+    world.recorder = recorder
     t0 = _time.perf_counter()
     c0 = _time.process_time()
+    if on_world is not None:
+        on_world(world)
+    dead: Any = None
+    if snapshot is None:
+        scenario = world.scenario = factory(world)
+    else:
+        scenario, dead = restore(world, snapshot)
+    checker = Checker(world)
 
     async def main(world: World) -> None:
         async with trio.open_nursery() as nursery:
             for name in scenario.processes:
-                await nursery.start(world.supervise, name, scenario.boot)
+                if dead is not None and name == dead.name:  # resumed: it just died
+                    await nursery.start(functools.partial(world.supervise, after_crash=dead,
+                                                          started=snapshot.drive_started), name, scenario.boot)
+                else:
+                    await nursery.start(world.supervise, name, scenario.boot)
             await scenario.drive()
             world.faults_on = False
             await scenario.quiesce()
@@ -155,6 +187,9 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
             world.violate("kv_serializable", None, p)
 
     world.run(main)
+    if world.aborted:
+        assert recorder is not None and recorder.only is not None
+        return recorder.snapshots[recorder.only]
     return RunResult(
         scenario=scenario.name,
         seed=seed,
@@ -178,14 +213,17 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan | None, trace
 
 def exhaustive(factory: ScenarioFactory, seed: int, *, limit: int | None = None) -> Iterator[RunResult]:
     """The fault-free run, then a crash before and after every write k in 1..W."""
-    base = run_once(factory, seed)
+    recorder = Recorder()  # the fault-free run takes a snapshot at every write (sim.resume)
+    base = run_once(factory, seed, recorder=recorder)
     yield base
     if base.violations:
         return
     total = base.writes if limit is None else min(base.writes, limit)
     for k in range(1, total + 1):
         for when in ("before", "after"):
-            yield run_once(factory, seed, FaultPlan().with_crash(k, when))
+            # (no snapshot: a scenario that cannot be resumed re-runs its history up to write k)
+            yield run_once(factory, seed, FaultPlan().with_crash(k, when),
+                           resume=recorder.snapshots.pop((k, when), None))
 
 
 def random_runs(factories: list[ScenarioFactory], seed: int, runs: int) -> Iterator[RunResult]:

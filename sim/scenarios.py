@@ -337,6 +337,13 @@ class RuntimeScenario(Scenario):
         return [Turn("c1", "plain", "s1")]
 
     @property
+    def resumable(self) -> bool:
+        """Whether a crash run can start from a snapshot at its crash point (sim.resume): with one
+        process, everything that survives a crash is outside it (a second process would live on
+        through the crash with in-memory state no snapshot holds)."""
+        return len(self.processes) == 1 and not self.clog
+
+    @property
     def conversations(self) -> list[str]:
         convs = sorted({t.conversation for t in self.turns})
         return convs + [f for _, f, _ in self.forks if f not in convs]
@@ -551,7 +558,10 @@ class RuntimeScenario(Scenario):
             await trio.sleep(seconds)
         else:  # resumed from a snapshot taken mid-sleep
             left = st.wake_at - self.world.now()
-            await (trio.sleep(left) if left > 0 else trio.lowlevel.checkpoint())
+            if left > 0:
+                await trio.sleep(left)
+            else:
+                await trio.lowlevel.checkpoint()
         st.wake_at = None
 
     async def call(self, fn: Callable[[App], Any], proc: str | None = None, st: "ClientState | None" = None) -> Any:

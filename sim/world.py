@@ -109,6 +109,9 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
              _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r, os.getpid, trio.sleep,
              _trio_run.TheIOManager)
     scheduler = _SchedulerRandom(world.seed)  # (the same sequence as trio's _r seeded with world.seed)
+    if world.scheduler_state is not None:  # a run resumed from a snapshot (sim.resume)
+        scheduler.setstate(world.scheduler_state[0])
+        scheduler.steps = world.scheduler_state[1]
     orig_seed = random.Random.seed
     orig_sleep = trio.sleep
     rng = world.rng
@@ -411,6 +414,13 @@ class World:
         # its prefix, the part a prefix-sharing scheme (forking, snapshots) could skip.  Measured,
         # never part of the trace.
         self.first_crash_cpu: float | None = None
+        # Snapshots for crash runs that start at their crash point (sim.resume): the recorder says
+        # which to take, ``scenario`` is what they hold of the clients.
+        self.recorder: Any = None
+        self.scenario: Any = None
+        self.scheduler_state: tuple[Any, int] | None = None  # a resumed run's scheduler PRNG
+        self._root: trio.CancelScope | None = None
+        self.aborted = False  # stopped at its crash point: it goes on from the snapshot (sim.resume)
 
     @property
     def faults_on(self) -> bool:
@@ -473,12 +483,38 @@ class World:
         self.trace.add("effect", key, n, proc.label if proc else "-")
         return n
 
+    def snapshot(self, proc: "Process | None", k: int, when: str) -> None:
+        """At write k (``before``: handed to the engine; ``after``: resolved): record a snapshot if
+        the recorder wants this one and a crash of ``proc`` here can be resumed (sim.resume).  A run
+        whose crash plan names this point stops here: it goes on from the snapshot instead."""
+        from . import resume
+
+        rec = self.recorder
+        if not rec.wants(k, when) or not resume.resumable(self, proc):
+            return
+        rec.snapshots[(k, when)] = resume.capture(self, proc, k, when)
+        if rec.only is not None:
+            self.aborted = True
+            assert self._root is not None
+            self._root.cancel()
+
     # -- processes -------------------------------------------------------
 
-    async def supervise(self, name: str, boot: Boot, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep process ``name`` running: boot it, and after each crash boot it again on what survived."""
+    async def supervise(self, name: str, boot: Boot, *, task_status: Any = trio.TASK_STATUS_IGNORED,
+                        after_crash: "Process | None" = None, started: bool = False) -> None:
+        """Keep process ``name`` running: boot it, and after each crash boot it again on what survived.
+
+        ``after_crash``: a run resumed from a snapshot (sim.resume) starts with that incarnation just
+        dead, so the supervisor's first act is the restart; ``started``: whether the harness had
+        already been told the process was up (else it is told at the next boot, as at a first boot).
+        """
         incarnation = 0
-        started = False
+        if after_crash is not None:
+            incarnation = after_crash.incarnation
+            if started:
+                task_status.started(after_crash)
+            self.stats["restarts"] += 1
+            await trio.sleep(RESTART_DELAY_SECONDS)
         while True:
             incarnation += 1
             proc = Process(self, name, incarnation)
@@ -557,15 +593,18 @@ class World:
             stuck: list[str] = []
 
             async def watchdog() -> None:
-                await trio.sleep(MAX_VIRTUAL_SECONDS - 1)
+                await trio.sleep(MAX_VIRTUAL_SECONDS - 1 - self.now())  # (a resumed run starts later)
                 stuck.extend(_stuck_tasks())
                 self.stopping = True
 
-            with trio.move_on_after(MAX_VIRTUAL_SECONDS) as cs:
+            with trio.move_on_at(MAX_VIRTUAL_SECONDS) as cs:
+                self._root = cs
                 async with trio.open_nursery() as n:
                     n.start_soon(watchdog)
                     await main(self)
                     n.cancel_scope.cancel()
+            if self.aborted:
+                return
             if cs.cancelled_caught:
                 self.violate("quiescence", 4, f"the run did not quiesce within {MAX_VIRTUAL_SECONDS / 3600:.0f} "
                              f"virtual hours; waiting: {'; '.join(stuck[:8])}")
@@ -573,7 +612,8 @@ class World:
 
         with deterministic_process_state(self):
             trio.run(entry, clock=self.clock, strict_exception_groups=True)
-        self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
+        if not self.aborted:
+            self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
 
 
 def _stuck_tasks() -> list[str]:

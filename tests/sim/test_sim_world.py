@@ -42,7 +42,10 @@ def test_determinism_across_processes_and_hash_seeds():
             "    print(run_once(SCENARIOS[n], 5, random_plan(5)).trace)\n"
             # (a compaction moving several tool-call ids out of the window: loop.store wrote their
             # index keys in set order, which differs between hash seeds)
-            "print(run_once(SCENARIOS['mix'], 13, random_plan(13)).trace)")
+            "print(run_once(SCENARIOS['mix'], 13, random_plan(13)).trace)\n"
+            # (a crash run resumed from its snapshot: sim.resume deep-copies the clients' records)
+            "from sim import FaultPlan\n"
+            "print(run_once(SCENARIOS['concurrent'], 5, FaultPlan().with_crash(9, 'after')).trace)")
     outs = set()
     for hashseed in ("0", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=hashseed)

@@ -1,0 +1,174 @@
+"""Crash runs that start at their crash point: snapshots of the world at a write, and the resume.
+
+A crash at write k kills the simulated process.  What survives is the
+durable state of the memory engine at that instant and everything outside
+the process: the clients (which acknowledgements they heard, which calls
+were out, where they slept until, their journal cursors — recorded as they
+go in ``RuntimeScenario.clients``, :class:`sim.scenarios.ClientState`), the
+effects counted by the world, the virtual clock, the PRNG streams and the
+trace so far.  :func:`capture` copies exactly that when a run reaches a
+write; :func:`restore` builds a fresh world from it in which the process
+has just died, and the harness runs it on from there: the supervisor boots
+the next incarnation after the restart delay, the clients resume (a call
+that was out is retried, as after a ProcessDied), recovery runs to
+quiescence and every check runs as before.  So crash run k does not re-run
+the history up to write k: the fault-free run takes a snapshot at each write
+(before and after it), and each crash run starts from its own.
+
+Which runs can be resumed (:func:`resumable`): the RuntimeScenarios with one
+process.  With two, the other process lives on through the crash with
+in-memory state (leases held, tools running, transactions in flight) no
+snapshot can hold; the kv workloads' clients are not recorded.  Those
+re-run their prefix as before.  A resumed crash run is the same crash as a
+re-run one up to the crash point and a legal schedule after it, but not the
+same schedule (fresh tasks, a fresh run queue), so its trace differs from a
+re-run's; every crash run of a resumable scenario takes this path (the
+replay command ``--crash-before K`` too), so the same seed still gives the
+same trace.
+
+Copying the memory engine's state reaches into kv.memory's private fields
+(the store's histories and key list, the engine's version counters): the
+memory engine has no snapshot API (sim is its only user that would need one).
+A fresh resolver is exact here: after a crash no transaction of the dead
+process can commit, and every later one reads at a version past the crash.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trio._core import _run as _trio_run  # private: the scheduler's PRNG (see sim.world)
+
+if TYPE_CHECKING:
+    from .world import Process, World
+
+__all__ = ["Snapshot", "Recorder", "capture", "restore", "resumable"]
+
+# Scenario attributes a snapshot shares with the run it came from instead of copying: the world
+# (replaced), the agents (a new process makes its own), the scenario's reasoning steps (derived
+# from its turns, never changed).
+_NOT_COPIED = ("world", "_agents", "_reasoning_steps")
+
+
+@dataclass
+class Snapshot:
+    """The world at the instant a write was handed to the engine (``before``) or resolved (``after``)."""
+
+    k: int
+    when: str
+    process: str  # the process that dies (the one whose write it is)
+    incarnation: int
+    drive_started: bool  # the harness had started the clients (else they start after the next boot)
+    now: float
+    rng: Any
+    scheduler: Any
+    scheduler_steps: int
+    trace: Any  # the trace's hasher (a copy)
+    trace_count: int
+    trace_tail: list[str]  # (kept only for --show-trace)
+    stats: dict[str, int]
+    faults: dict[str, int]
+    effects: dict[str, int]
+    violations: list[Any]
+    faults_on: bool
+    buggify_sites: dict[str, bool]
+    random_crashes: int
+    store: tuple[Any, ...]
+    engine: tuple[Any, ...]
+    oracle: tuple[Any, ...]
+    scenario: dict[str, Any]
+    shared: dict[str, Any]
+    scenario_type: type
+
+
+class Recorder:
+    """Which snapshots a run takes: all of them (the fault-free run of an exhaustive session) or
+    the one its crash plan names (a single crash run: the run stops right there, see the harness)."""
+
+    def __init__(self, only: tuple[int, str] | None = None) -> None:
+        self.only = only
+        self.snapshots: dict[tuple[int, str], Snapshot] = {}
+
+    def wants(self, k: int, when: str) -> bool:
+        return self.only is None or self.only == (k, when)
+
+
+def resumable(world: "World", proc: "Process | None") -> bool:
+    """Can a crash of ``proc`` here start from a snapshot?  (One process, a RuntimeScenario, the
+    world not shutting down, no commit listener — that is the stale-worker fault's.)"""
+    sc = getattr(world, "scenario", None)
+    return (proc is not None and sc is not None and getattr(sc, "resumable", False)
+            and not world.stopping and not world.commit_listeners)
+
+
+def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
+    """Copy what survives a crash of ``proc`` right now (nothing of the process itself)."""
+    sc = world.scenario
+    store = world.engine.store
+    engine = world.engine.engine
+    oracle = world.oracle
+    scheduler = _trio_run._r
+    state = {key: v for key, v in sc.__dict__.items() if key not in _NOT_COPIED}
+    return Snapshot(
+        k=k, when=when, process=proc.name, incarnation=proc.incarnation,
+        drive_started="drive" in sc.clients,
+        now=world.clock._now,
+        rng=world.rng.getstate(),
+        scheduler=scheduler.getstate(), scheduler_steps=getattr(scheduler, "steps", 0),
+        trace=world.trace._h.copy(), trace_count=world.trace.count, trace_tail=list(world.trace.tail),
+        stats=dict(world.stats), faults=dict(world.faults), effects=dict(world.effects),
+        violations=list(world.violations), faults_on=world.buggify.gate,
+        buggify_sites=dict(world.buggify.sites), random_crashes=world.hooks.random_crashes,
+        store=({key: hist[:] for key, hist in store._hist.items()}, store._keys.copy(), store._version,
+               deque(store._recent), store._applied, dict(store.stats)),
+        engine=(engine._last_version, engine._max_read_version, engine._last_assigned, dict(engine.stats)),
+        oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
+        scenario=copy.deepcopy(state),
+        shared={key: sc.__dict__.get(key) for key in _NOT_COPIED if key != "world"},
+        scenario_type=type(sc),
+    )
+
+
+def restore(world: "World", snap: Snapshot) -> Any:
+    """Make the fresh ``world`` (same seed and plan) the snapshot's, the crashed process dead in it;
+    returns the scenario, its clients where they were.  A snapshot is restored once (its copies
+    become the new world's)."""
+    from .world import Process
+
+    assert world.stats["writes"] == 0, "restore into a fresh world"
+    world.clock._now = snap.now
+    world.rng.setstate(snap.rng)
+    world.scheduler_state = (snap.scheduler, snap.scheduler_steps)
+    world.trace._h = snap.trace
+    world.trace.count = snap.trace_count
+    world.trace.tail = snap.trace_tail[-world.trace.keep:] if world.trace.keep else []
+    world.stats.update(snap.stats)
+    world.faults.update(snap.faults)
+    world.effects.update(snap.effects)
+    world.violations.extend(snap.violations)
+    world.buggify.gate = snap.faults_on
+    world.buggify.sites.update(snap.buggify_sites)
+    world.hooks.random_crashes = snap.random_crashes
+    store = world.engine.store
+    (store._hist, store._keys, store._version, store._recent, store._applied, stats) = snap.store
+    store.stats.update(stats)
+    engine = world.engine.engine
+    engine._last_version, engine._max_read_version, engine._last_assigned, stats = snap.engine
+    engine.stats.update(stats)
+    oracle = world.oracle
+    oracle.model, oracle.problems, oracle.transactions, oracle._last = snap.oracle
+    sc = snap.scenario_type.__new__(snap.scenario_type)
+    sc.__dict__.update(snap.scenario)
+    sc.__dict__.update(snap.shared)
+    sc.world = world
+    sc._agents = None  # the next incarnation makes its own (a new process)
+    world.scenario = sc
+    # The crash itself, as SimHooks and Process.kill record it.
+    dead = Process(world, snap.process, snap.incarnation)
+    world.processes[snap.process] = dead
+    world.fault(f"crash.{snap.when}_commit", snap.k)
+    dead.kill(f"{snap.when} write {snap.k}")
+    return sc, dead

@@ -1,0 +1,110 @@
+"""Crash runs resumed from snapshots (sim.resume) start from exactly what a real crash leaves.
+
+A resumed crash run skips re-running the history up to its crash point; these tests hold it to
+the crash it stands for: at the instant the process dies, the world a crash run re-executed from
+the start reaches and the world restored from the fault-free run's snapshot are the same — the
+trace so far (every commit and event), the PRNG stream, the store, the oracle's model, every
+acknowledgement, cursor and position of the clients, the effects counted — and the exhaustive
+session's resumed run equals the replay command's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sim import FaultPlan, run_once
+from sim.harness import exhaustive
+from sim.kvworkloads import CycleScenario
+from sim.resume import Recorder
+from sim.scenarios import SCENARIOS
+from sim.world import Process, World
+
+# Every single-process RuntimeScenario resumes; these re-run their prefix (two processes, or a
+# raw-kv workload whose clients are not recorded).
+NOT_RESUMABLE = {"two-runtimes", "exhaustion", "stale-worker"}
+_CLIENT_RECORDS = ("acks", "run_of", "cancel_acked", "conflicts", "conflict_accepted", "followed", "forks",
+                   "model_calls", "tools_called", "behind", "thinking_refused", "clients", "turns", "_settled")
+
+
+def _state_at_crash(world) -> dict:
+    """What survives a crash, read off a world at the instant its process died."""
+    store = world.engine.store
+    sc = world.scenario
+    return {
+        "trace": world.trace._h.copy().hexdigest(), "trace_count": world.trace.count,
+        "rng": world.rng.getstate(), "now": world.now(),
+        "stats": {k: v for k, v in world.stats.items() if k != "task_steps"},
+        "faults": dict(world.faults), "effects": dict(world.effects),
+        "store": {k: list(h) for k, h in store._hist.items()}, "version": store._version,
+        "engine": (world.engine.engine._last_version, world.engine.engine._max_read_version),
+        "model": dict(world.oracle.model), "oracle_transactions": world.oracle.transactions,
+        "clients": copy.deepcopy({k: getattr(sc, k) for k in _CLIENT_RECORDS}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - NOT_RESUMABLE - {"mix"}) + ["mix"])
+def test_a_resumed_crash_run_starts_from_what_the_crash_leaves(name, monkeypatch):
+    factory = SCENARIOS[name]
+    seed = _one_process_mix_seed() if name == "mix" else 1
+    rec = Recorder()
+    base = run_once(factory, seed, recorder=rec)
+    assert base.ok and base.writes >= 3
+    assert set(rec.snapshots) == {(k, w) for k in range(1, base.writes + 1) for w in ("before", "after")}
+    points = sorted({1, (base.writes + 1) // 2, base.writes})
+    for k in points:
+        for when in ("before", "after"):
+            plan = FaultPlan().with_crash(k, when)
+            at_crash: list[dict] = []
+            kill = Process.kill
+
+            def record(self, why, kill=kill, at_crash=at_crash):
+                kill(self, why)
+                at_crash.append(_state_at_crash(self.world))
+
+            monkeypatch.setattr(Process, "kill", record)
+            rerun = run_once(factory, seed, plan, reexecute=True)  # the whole history, crash included
+            resumed = run_once(factory, seed, plan, resume=rec.snapshots[(k, when)])
+            monkeypatch.setattr(Process, "kill", kill)
+            assert rerun.ok and resumed.ok, (k, when, rerun.violations, resumed.violations)
+            assert len(at_crash) == 2, (k, when)  # the re-run's crash, then the restore's
+            assert at_crash[0] == at_crash[1], (name, k, when)
+            # the replay command's path (run to the crash point, snapshot, go on) is the same run
+            replay = run_once(factory, seed, plan)
+            assert (replay.trace, replay.violations, replay.writes, replay.commits, replay.checks) == \
+                   (resumed.trace, resumed.violations, resumed.writes, resumed.commits, resumed.checks)
+
+
+def test_scenarios_a_crash_leaves_running_are_re_run():
+    """Two processes (one lives on through the crash) and the raw-kv workloads take no snapshots."""
+    for factory in [SCENARIOS[n] for n in sorted(NOT_RESUMABLE)] + [CycleScenario]:
+        rec = Recorder()
+        base = run_once(factory, 1, recorder=rec)
+        assert base.ok and base.writes > 0 and not rec.snapshots
+
+
+def test_exhaustive_resumes_and_replays_match_and_repeat():
+    runs = list(exhaustive(SCENARIOS["approval"], 3))
+    again = list(exhaustive(SCENARIOS["approval"], 3))
+    assert [r.trace for r in runs] == [r.trace for r in again]
+    assert all(r.ok for r in runs) and len(runs) == 1 + 2 * runs[0].writes
+    assert all(r.prefix_cpu_seconds < 0.005 for r in runs[1:])  # none re-ran its history
+    r = runs[len(runs) // 2]
+    assert run_once(SCENARIOS["approval"], 3, r.plan).trace == r.trace
+
+
+def _mix_seed(processes: int) -> int:
+    return next(s for s in range(1, 100) if len(SCENARIOS["mix"](World(s)).processes) == processes)
+
+
+def _one_process_mix_seed() -> int:
+    return _mix_seed(1)
+
+
+def test_mix_with_two_processes_is_not_resumable():
+    two = _mix_seed(2)
+    assert not SCENARIOS["mix"](World(two)).resumable
+    rec = Recorder()
+    assert run_once(SCENARIOS["mix"], two, recorder=rec).ok and not rec.snapshots
+    assert SCENARIOS["mix"](World(_one_process_mix_seed())).resumable

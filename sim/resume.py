@@ -112,6 +112,9 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
     oracle = world.oracle
     scheduler = _trio_run._r
     state = {key: v for key, v in sc.__dict__.items() if key not in _NOT_COPIED}
+    # The turns are never changed once made (a fork appends one: the list is copied, not they):
+    # shared, not deep-copied (half the copy's cost).
+    memo: dict[int, Any] = {id(t): t for t in sc.turns}
     return Snapshot(
         k=k, when=when, process=proc.name, incarnation=proc.incarnation,
         drive_started="drive" in sc.clients,
@@ -126,7 +129,7 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
                deque(store._recent), store._applied, dict(store.stats)),
         engine=(engine._last_version, engine._max_read_version, engine._last_assigned, dict(engine.stats)),
         oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
-        scenario=copy.deepcopy(state),
+        scenario=copy.deepcopy(state, memo),
         shared={key: sc.__dict__.get(key) for key in _NOT_COPIED if key != "world"},
         scenario_type=type(sc),
     )

@@ -24,6 +24,9 @@ begins its run in one commit and drives it in the submitting process (4
 commits per tool turn; a run submitted with ``rt.submit`` and claimed by a
 worker makes 5).
 
+The runtime runs the process at ``loop.runtime.GC_THRESHOLDS`` while it is open
+(``gc_thresholds``): at CPython's defaults the collector took 13-15% of a concurrent turn's CPU.
+
 Last, a claim reads O(context), not O(history): the CPU of a plain turn in a
 compacted conversation of ``LONG_CONVERSATION`` messages beside one of
 ``SHORT_CONVERSATION`` (``long_vs_short_turn_cpu``: ~1 when a claim reads only
@@ -34,6 +37,7 @@ for 20,000 messages every turn).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -133,6 +137,9 @@ async def bench(data: str, seq_turns: int, conc_turns: int) -> dict:
     agent = make_agent()
     out: dict = {}
     async with Runtime.open(f"lmdb:{data}", workers=CONCURRENCY, agents=[agent]) as rt:
+        # the collector's thresholds the turns ran under (Runtime.open sets loop.runtime.GC_THRESHOLDS
+        # over CPython's defaults: see there)
+        out["gc_thresholds"] = list(gc.get_threshold())
         # warm-up (imports, first LMDB pages)
         for i in range(10):
             assert (await rt.run(agent, f"warm-{i}", "go")).ok

@@ -11,6 +11,7 @@ session's resumed run equals the replay command's.
 from __future__ import annotations
 
 import copy
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -108,3 +109,42 @@ def test_mix_with_two_processes_is_not_resumable():
     rec = Recorder()
     assert run_once(SCENARIOS["mix"], two, recorder=rec).ok and not rec.snapshots
     assert SCENARIOS["mix"](World(_one_process_mix_seed())).resumable
+
+
+class _BootWrites(SCENARIOS["plain"]):
+    """A process that writes while it boots (a crash there comes before the clients started)."""
+
+    name = "boot-writes"
+
+    @asynccontextmanager
+    async def boot(self, proc):
+        async def mark(tr):  # idempotent: the same value every boot
+            tr.set(b"booted", b"1")
+
+        await proc.db.transact(mark)
+        async with super().boot(proc) as app:
+            yield app
+
+
+def test_a_crash_while_booting_resumes_before_the_clients_start(monkeypatch):
+    rec = Recorder()
+    base = run_once(_BootWrites, 1, recorder=rec)
+    assert base.ok
+    first = rec.snapshots[(1, "before")]
+    assert not first.drive_started  # write 1 is the boot's: the harness had not started the clients
+    for when in ("before", "after"):
+        plan = FaultPlan().with_crash(1, when)
+        at_crash: list[dict] = []
+        kill = Process.kill
+
+        def record(self, why, kill=kill, at_crash=at_crash):
+            kill(self, why)
+            at_crash.append(_state_at_crash(self.world))
+
+        monkeypatch.setattr(Process, "kill", record)
+        rerun = run_once(_BootWrites, 1, plan, reexecute=True)
+        resumed = run_once(_BootWrites, 1, plan, resume=rec.snapshots[(1, when)])
+        monkeypatch.setattr(Process, "kill", kill)
+        assert rerun.ok and resumed.ok and resumed.restarts == 1 and resumed.crashes == 1
+        assert at_crash[0] == at_crash[1]
+        assert run_once(_BootWrites, 1, plan).trace == resumed.trace

@@ -84,7 +84,7 @@ MAX_EXTRA_CLAIMERS = 14
 assert IDLE_POLL_SECONDS > 0 and MAX_WORKERS > 0 and CLAIMERS >= 1 and MAX_EXTRA_CLAIMERS >= 0
 
 # The cyclic collector's thresholds while a runtime is open (``surefoot serve`` sets the same,
-# server.serve.GC_THRESHOLDS). A turn's objects die by reference count (bench_turns at 32
+# server.serve imports these). A turn's objects die by reference count (bench_turns at 32
 # conversations: the young and middle collections freed nothing, the full ones 154 objects in
 # 3,200 turns), yet with CPython's
 # defaults the young generation was collected every ~10 turns, each collection walking the

@@ -29,6 +29,12 @@ from hypercorn.trio import serve as hypercorn_serve
 
 import kv
 
+# The collector's thresholds for a serving process are the runtime's (one value, kept in loop.runtime):
+# a server also allocates short-lived containers per request and SSE frame (trio tasks, ASGI dicts,
+# Cancelled tracebacks); at CPython's defaults full collections came every ~70k allocations, pauses of
+# 26-164 ms measured under many writers, each added to every in-flight acknowledgement and SSE frame.
+from loop.runtime import GC_THRESHOLDS
+
 from . import sse
 from .api import Api
 from .app import create_asgi
@@ -45,16 +51,9 @@ GRACEFUL_SECONDS = 5.0
 #: Listen backlog: hypercorn's default (100) drops bursts such as 1,000 SSE followers connecting at once.
 DEFAULT_BACKLOG = 2_048
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant."
-#: Collector thresholds for the serving process (CPython's default is (700, 10, 10)). Every request and
-#: SSE frame allocates short-lived containers (trio tasks, ASGI dicts, Cancelled tracebacks), so with the
-#: defaults the young generation is collected every few requests and full collections, which walk every
-#: live object (the whole Runtime, every connection), came every ~70k allocations: pauses of 26-164 ms
-#: were measured under many writers, each one added to every in-flight acknowledgement and SSE frame.
-GC_THRESHOLDS = (20_000, 20, 20)
 #: Exit code for a bad model option or pricing file (argparse's code for a bad command line).
 EXIT_USAGE = 2
 assert DEFAULT_BACKLOG >= 1_024
-assert all(t > 0 for t in GC_THRESHOLDS)
 
 
 def tune_gc() -> None:

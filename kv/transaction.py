@@ -239,6 +239,9 @@ def _merge_interval(intervals: list[tuple[bytes, bytes]], begin: bytes, end: byt
 # uses: measured at 64 concurrent blind writers, about 3% of a commit's CPU.
 _EMPTY: tuple = ()
 
+# The lowest and highest versionstamp: a versionstamped key lands between the two.
+_STAMP_LOW, _STAMP_HIGH = b"\x00" * 10, b"\xff" * 10
+
 
 def _appended(items: list | tuple, item: Any) -> list:
     """``items`` with ``item`` appended: in place for a list, a new list for ``_EMPTY``."""
@@ -317,7 +320,8 @@ class Transaction:
         self._stamped: list[tuple[int, str, bytes, bytes, int]] = _EMPTY
         self._unreadable_ranges: list[tuple[bytes, bytes]] = _EMPTY  # disjoint, sorted
         self._unreadable_begins: list[bytes] = _EMPTY
-        self._unreadable_new: list[tuple[bytes, bytes]] = _EMPTY  # not yet merged into the above
+        # versionstamped keys' _stamped entries whose ranges are not yet merged into the above
+        self._unreadable_new: list[tuple[int, str, bytes, bytes, int]] = _EMPTY
         # Conflict ranges; single keys ([k, k+\x00), the common case) are kept apart as
         # plain keys so neither side allocates key_after(k) or tests for points.
         self._read_ranges: list[tuple[bytes, bytes]] = _EMPTY
@@ -402,8 +406,9 @@ class Transaction:
         """1036 if [begin, end) meets a range a versionstamped key may land in (disjoint, sorted)."""
         if self._unreadable_new:  # merged lazily: most transactions never read after stamping
             ranges = self._unreadable_ranges
-            for low, high in self._unreadable_new:
-                ranges = _merge_interval(ranges, low, high)
+            for _, _, body, _, offset in self._unreadable_new:  # entries of _stamped
+                head, tail = body[:offset], body[offset + 10 :]
+                ranges = _merge_interval(ranges, head + _STAMP_LOW + tail, key_after(head + _STAMP_HIGH + tail))
             self._unreadable_new = _EMPTY
             self._unreadable_ranges = ranges
             self._unreadable_begins = [b for b, _ in ranges]
@@ -419,13 +424,18 @@ class Transaction:
         return [await self._get(k, snapshot=False) for k in keys]
 
     async def _get(self, key: bytes, snapshot: bool) -> bytes | None:
-        self._check_usable()
+        # ~17 per agent turn: the common case (usable, no timeout, a snapshot already
+        # taken, nothing of this transaction's own to merge) makes no Python-level call
+        # but the snapshot's get and the too-old check.
+        if self._cancelled or self._committing or self._committed_version is not None or self._timeout is not None:
+            self._check_usable()
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004, "keys at or above \\xff are outside the legal range")
         if len(key) > KEY_SIZE_LIMIT:
             return None  # as FoundationDB: such a key cannot exist
-        if self._engine.hooked:
-            self._engine.hooks.on_read(self)
+        engine = self._engine
+        if engine.hooked:
+            engine.hooks.on_read(self)
         entry = self._writes.get(key)
         if entry is not None:
             kind, payload = entry
@@ -435,14 +445,23 @@ class Transaction:
                 return None
             if kind == _UNREADABLE:
                 raise KVError(1036, "key has a versionstamped value written by this transaction")
-        elif self._unreadable_ranges or self._unreadable_new:
-            self._check_readable(key, key_after(key))
-        if entry is None and self._clears and self._cleared(key):
-            return None
-        snap = self._ensure_snapshot()
+        else:
+            if self._unreadable_ranges or self._unreadable_new:
+                self._check_readable(key, key_after(key))
+            if self._clears and self._cleared(key):
+                return None
+        snap = self._snap
+        if snap is None:
+            snap = self._ensure_snapshot()
+        else:
+            engine.check_read_version(self._read_version)
         value = snap.get(key)
         if not snapshot:
-            self._read_points = _appended(self._read_points, key)
+            points = self._read_points
+            if type(points) is list:
+                points.append(key)
+            else:
+                self._read_points = [key]  # (the first: see _appended)
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[1]:
                 value = apply_atomic(op, value, param)
@@ -703,10 +722,16 @@ class Transaction:
         self._clear_begins = [b for b, _ in self._clears]
 
     def _atomic(self, op: int, key: bytes, param: bytes) -> None:
-        self._check_usable()
-        _check_write_key(key)
-        _check_value(param)
-        key, param = bytes(key), bytes(param)
+        # ~8 per agent turn (usage counters): the common case is tested in one expression, as in set()
+        if (
+            self._cancelled or self._committing or self._committed_version is not None
+            or self._timeout is not None or type(key) is not bytes or type(param) is not bytes
+            or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(param) > VALUE_SIZE_LIMIT
+        ):
+            self._check_usable()
+            _check_write_key(key)
+            _check_value(param)
+            key, param = bytes(key), bytes(param)
         entry = self._writes.get(key)
         if entry is None and self._clears and self._cleared(key):
             entry = (_CLEAR, None)
@@ -720,8 +745,12 @@ class Transaction:
             new = apply_atomic(op, entry[1] if entry[0] == _SET else None, param)
             self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
         self._mutations.append(("atomic", op, key, param))
-        self._size += len(key) + len(param)
-        self._add_write_point(key)
+        if self._next_write_no_conflict:  # (_add_write_point inlined)
+            self._next_write_no_conflict = False
+            self._size += len(key) + len(param)
+        else:
+            self._write_points.append(key)
+            self._size += 3 * len(key) + len(param) + 1  # the key, its operand, its write conflict range
 
     def add(self, key: bytes, param: bytes) -> None:
         self._atomic(_atomic.ADD, key, param)
@@ -764,18 +793,31 @@ class Transaction:
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         """Write ``value`` at ``key`` with 10 bytes at the suffix offset replaced by the versionstamp."""
-        self._check_usable()
+        # One per journal event, so the common case (usable, plain bytes) skips the
+        # calls; the checks run in the same order either way, so the same error wins.
+        if (
+            self._cancelled or self._committing or self._committed_version is not None
+            or self._timeout is not None or type(key) is not bytes
+        ):
+            self._check_usable()
+            key = bytes(key)
         if len(key) < 14:
             raise KVError(2000, "a versionstamped key needs at least 14 bytes (10 + 4-byte offset)")
-        body, offset = self._split_offset(bytes(key), "key")
-        _check_write_key(body)
-        _check_value(value)
-        index = len(self._mutations)
-        self._mutations.append(("set", body, bytes(value)))  # replaced at resolve time
-        self._stamped = _appended(self._stamped, (index, "key", body, bytes(value), offset))
-        low = body[:offset] + b"\x00" * 10 + body[offset + 10 :]
-        high = body[:offset] + b"\xff" * 10 + body[offset + 10 :]
-        self._unreadable_new = _appended(self._unreadable_new, (low, key_after(high)))
+        body, offset = key[:-4], int.from_bytes(key[-4:], "little")
+        if offset + 10 > len(body):
+            raise KVError(2000, f"versionstamp offset {offset} does not fit the key of {len(body)} bytes")
+        if len(body) > KEY_SIZE_LIMIT or body >= SYSTEM_KEY_PREFIX:
+            _check_write_key(body)
+        if type(value) is not bytes or len(value) > VALUE_SIZE_LIMIT:
+            _check_value(value)
+            value = bytes(value)
+        mutations = self._mutations
+        stamped = (len(mutations), "key", body, value, offset)
+        mutations.append(("set", body, value))  # replaced at resolve time
+        self._stamped = _appended(self._stamped, stamped)
+        # The range the final key may land in is only worked out if something is read
+        # (_check_readable): most transactions never read after stamping.
+        self._unreadable_new = _appended(self._unreadable_new, stamped)
         self._size += len(body) + len(value)
         # its write conflict is added on the final key at commit
         self._next_write_no_conflict = False

@@ -125,7 +125,8 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
         stats=dict(world.stats), faults=dict(world.faults), effects=dict(world.effects),
         violations=list(world.violations), faults_on=world.buggify.gate,
         buggify_sites=dict(world.buggify.sites), random_crashes=world.hooks.random_crashes,
-        store=({key: hist[:] for key, hist in store._hist.items()}, store._keys.copy(), store._version,
+        store=({key: hist[:] for key, hist in store._hist.items()}, store._keys.copy(), dict(store._unindexed),
+               store._version,
                deque(store._recent), store._applied, dict(store.stats)),
         engine=(engine._last_version, engine._max_read_version, engine._last_assigned, dict(engine.stats)),
         oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
@@ -156,7 +157,8 @@ def restore(world: "World", snap: Snapshot) -> Any:
     world.buggify.sites.update(snap.buggify_sites)
     world.hooks.random_crashes = snap.random_crashes
     store = world.engine.store
-    (store._hist, store._keys, store._version, store._recent, store._applied, stats) = snap.store
+    (store._hist, store._keys, store._unindexed, store._version, store._recent, store._applied,
+     stats) = snap.store
     store.stats.update(stats)
     engine = world.engine.engine
     engine._last_version, engine._max_read_version, engine._last_assigned, stats = snap.engine

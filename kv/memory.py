@@ -29,7 +29,7 @@ from .limits import MVCC_WINDOW_VERSIONS
 if TYPE_CHECKING:
     from .database import Database
 
-__all__ = ["MemoryStore", "MemoryEngine"]
+__all__ = ["MemoryStore", "MemoryEngine", "MemoryState"]
 
 _COMPACT_EVERY = 64  # batches between history compactions
 
@@ -211,6 +211,45 @@ class MemoryStore:
     def close(self) -> None:
         pass
 
+    def _copy_state(self) -> tuple:
+        """The committed data, its history and counters (see :class:`MemoryState`)."""
+        return ({key: hist[:] for key, hist in self._hist.items()}, self._keys.copy(), dict(self._unindexed),
+                self._version, deque(self._recent), self._applied, dict(self.stats))
+
+    def _adopt_state(self, state: tuple) -> None:
+        (self._hist, self._keys, self._unindexed, self._version, self._recent, self._applied,
+         stats) = state
+        self.stats.update(stats)  # (in place: a holder of .stats keeps seeing the live counters)
+
+
+class MemoryState:
+    """A copy of a :class:`MemoryEngine`'s committed state, from :meth:`MemoryEngine.snapshot_state`.
+
+    For the simulator and tests only (``sim.resume`` starts a crash run from the state at its
+    crash point instead of re-running the history up to it); not a backup facility, and
+    unrelated to a transaction's read snapshot.
+
+    What it copies: every key's version history (so MVCC reads at older versions still
+    answer), the ordered key index, the store's version, compaction bookkeeping and
+    stats, and the engine's version counters (last committed, highest read version handed
+    out, last assigned) and stats. What it does not: the resolver's recent writes, armed
+    watches, commits in flight, the hooks, clock and rng. So it describes an engine at
+    rest, and is restored into one nothing has used yet, as after a restart: every
+    transaction of the old process is gone and each new one reads at a later version,
+    against which an empty resolver is exact.
+
+    Cost: O(size) on both sides: one new list per key (the versions and values themselves
+    are immutable and shared), plus copies of the index and bookkeeping. A state is
+    restored at most once (its copies become the engine's); take another to restore twice.
+    """
+
+    __slots__ = ("_store", "_engine", "_restored")
+
+    def __init__(self, store: tuple, engine: tuple) -> None:
+        self._store = store
+        self._engine = engine
+        self._restored = False
+
 
 class MemoryEngine:
     """The memory "cluster": data, versions, resolver and pipeline in one object.
@@ -235,3 +274,22 @@ class MemoryEngine:
         from .database import Database
 
         return Database(self.engine, url="memory:", owns_engine=False)
+
+    def snapshot_state(self) -> MemoryState:
+        """A copy of the committed state, for :meth:`restore_state` (see :class:`MemoryState`)."""
+        e = self.engine
+        return MemoryState(self.store._copy_state(),
+                           (e._last_version, e._max_read_version, e._last_assigned, dict(e.stats)))
+
+    def restore_state(self, state: MemoryState) -> None:
+        """Make ``state`` this engine's committed state (an engine nothing is using: see
+        :class:`MemoryState`). The state's copies are taken over, not copied again, so a
+        state can be restored only once."""
+        if state._restored:
+            raise RuntimeError("a MemoryState is restored at most once (its copies became an engine's)")
+        e = self.engine
+        assert not e._pending and not e._writing, "restore_state into an engine with commits in flight"
+        state._restored = True
+        self.store._adopt_state(state._store)
+        e._last_version, e._max_read_version, e._last_assigned, stats = state._engine
+        e.stats.update(stats)

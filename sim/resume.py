@@ -26,9 +26,9 @@ re-run's; every crash run of a resumable scenario takes this path (the
 replay command ``--crash-before K`` too), so the same seed still gives the
 same trace.
 
-Copying the memory engine's state reaches into kv.memory's private fields
-(the store's histories and key list, the engine's version counters): the
-memory engine has no snapshot API (sim is its only user that would need one).
+The memory engine's committed state is copied with its public
+``snapshot_state``/``restore_state`` (kv.memory.MemoryState says what that
+holds: histories, key index, version counters; not the resolver).
 A fresh resolver is exact here: after a crash no transaction of the dead
 process can commit, and every later one reads at a version past the crash.
 """
@@ -36,11 +36,12 @@ process can commit, and every later one reads at a version past the crash.
 from __future__ import annotations
 
 import copy
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trio._core import _run as _trio_run  # private: the scheduler's PRNG (see sim.world)
+
+from kv.memory import MemoryState
 
 if TYPE_CHECKING:
     from .world import Process, World
@@ -76,8 +77,7 @@ class Snapshot:
     faults_on: bool
     buggify_sites: dict[str, bool]
     random_crashes: int
-    store: tuple[Any, ...]
-    engine: tuple[Any, ...]
+    kv: MemoryState  # the memory engine's committed state
     oracle: tuple[Any, ...]
     scenario: dict[str, Any]
     shared: dict[str, Any]
@@ -107,8 +107,6 @@ def resumable(world: "World", proc: "Process | None") -> bool:
 def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
     """Copy what survives a crash of ``proc`` right now (nothing of the process itself)."""
     sc = world.scenario
-    store = world.engine.store
-    engine = world.engine.engine
     oracle = world.oracle
     scheduler = _trio_run._r
     state = {key: v for key, v in sc.__dict__.items() if key not in _NOT_COPIED}
@@ -125,10 +123,7 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
         stats=dict(world.stats), faults=dict(world.faults), effects=dict(world.effects),
         violations=list(world.violations), faults_on=world.buggify.gate,
         buggify_sites=dict(world.buggify.sites), random_crashes=world.hooks.random_crashes,
-        store=({key: hist[:] for key, hist in store._hist.items()}, store._keys.copy(), dict(store._unindexed),
-               store._version,
-               deque(store._recent), store._applied, dict(store.stats)),
-        engine=(engine._last_version, engine._max_read_version, engine._last_assigned, dict(engine.stats)),
+        kv=world.engine.snapshot_state(),
         oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
         scenario=copy.deepcopy(state, memo),
         shared={key: sc.__dict__.get(key) for key in _NOT_COPIED if key != "world"},
@@ -156,13 +151,7 @@ def restore(world: "World", snap: Snapshot) -> Any:
     world.buggify.gate = snap.faults_on
     world.buggify.sites.update(snap.buggify_sites)
     world.hooks.random_crashes = snap.random_crashes
-    store = world.engine.store
-    (store._hist, store._keys, store._unindexed, store._version, store._recent, store._applied,
-     stats) = snap.store
-    store.stats.update(stats)
-    engine = world.engine.engine
-    engine._last_version, engine._max_read_version, engine._last_assigned, stats = snap.engine
-    engine.stats.update(stats)
+    world.engine.restore_state(snap.kv)
     oracle = world.oracle
     oracle.model, oracle.problems, oracle.transactions, oracle._last = snap.oracle
     sc = snap.scenario_type.__new__(snap.scenario_type)

@@ -322,11 +322,7 @@ class Engine:
         return v
 
     def check_read_version(self, read_version: int) -> None:
-        # Once per read of every transaction: version_now() inlined.
-        now = int(self.clock() * VERSIONS_PER_SECOND)
-        if now < self._last_version:
-            now = self._last_version
-        if read_version < now - self.mvcc_window:
+        if read_version < self.version_now() - self.mvcc_window:
             raise KVError(1007, "read version is older than the MVCC window")
 
     # -- commits ----------------------------------------------------------
@@ -537,19 +533,20 @@ class Engine:
             return
         self._deliver(batch, version, failures)
 
-    async def _write_one_batch(self, batch: list[CommitRequest]) -> bool:
+    async def _write_one_batch(self, batch: list[CommitRequest]) -> None:
         """Resolve, apply and answer ``batch`` through a store that is awaited (its sync helper).
 
-        The caller shields it while the store writes. Returns True if it
-        handed the pipeline on to a waiter of the next batch (see
-        ``_finish_submitted``).
+        The caller shields it while the store writes. If it handed the
+        pipeline on to a waiter of the next batch, ``_handed_on`` says so
+        (see ``_finish_submitted``).
         """
         version, accepted, mutations = self._resolve(batch)
         if self._submit is not None:
             job = self._start(batch, version, accepted, mutations)
             if job is None:
-                return False
-            return await self._finish_submitted(batch, version, accepted, mutations, job)
+                return
+            await self._finish_submitted(batch, version, accepted, mutations, job)
+            return
         try:
             failures = {}
             if accepted:
@@ -567,9 +564,8 @@ class Engine:
             self._fail(batch, version, exc)
             if not isinstance(exc, Exception):
                 raise
-            return False
+            return
         self._deliver(batch, version, failures)
-        return False
 
     def _start(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
                mutations: list[Mutation]) -> Any:
@@ -620,7 +616,7 @@ class Engine:
         _wake(waiter)
 
     async def _finish_submitted(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
-                                mutations: list[Mutation], job: Any) -> bool:
+                                mutations: list[Mutation], job: Any) -> None:
         """Wait for a submitted batch, then hand on the next one before answering this one.
 
         Why: the commits that arrived while this batch was on disk are the
@@ -644,7 +640,8 @@ class Engine:
         (``_ahead_share``: about half of the commits out and queued), so the
         two batches in turn stay about even.
 
-        Returns True if a waiter of the next batch now owns the pipeline.
+        If a waiter of the next batch now owns the pipeline, ``_hand`` set
+        ``_handed_on``.
         """
         nxt = None
         if self._submit_ahead is not None and not self.closed:
@@ -657,21 +654,21 @@ class Engine:
             await job.wait()
         except BaseException as exc:
             self._applying_version = nxt[1] if nxt is not None else None
-            return self._failed_submitted(batch, version, exc, nxt)
+            self._failed_submitted(batch, version, exc, nxt)
+            return
         self._applying_version = nxt[1] if nxt is not None else None
         try:
             failures = self._applied(version, accepted, mutations)
         except BaseException as exc:  # a fault hook: the batch is durable, nobody hears
-            return self._failed_submitted(batch, version, exc, nxt)
+            self._failed_submitted(batch, version, exc, nxt)
+            return
         lead = nxt if nxt is not None else self._start_next()
         self._deliver(batch, version, failures)
-        if lead is None:
-            return False
-        self._hand(lead)
-        return True
+        if lead is not None:
+            self._hand(lead)
 
     def _failed_submitted(self, batch: list[CommitRequest], version: int, exc: BaseException,
-                          nxt: tuple | None) -> bool:
+                          nxt: tuple | None) -> None:
         """A submitted batch failed (``exc``): its members carry the error; the batch
         written behind it, if any, is handed on to its waiter, who sees it through
         (and hears the store's verdict on it). An ``Exception`` is the members'
@@ -683,7 +680,6 @@ class Engine:
             self._hand(nxt)
         if not isinstance(exc, Exception):
             raise exc
-        return nxt is not None
 
     # -- watches ----------------------------------------------------------
 

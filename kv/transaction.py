@@ -457,11 +457,7 @@ class Transaction:
             engine.check_read_version(self._read_version)
         value = snap.get(key)
         if not snapshot:
-            points = self._read_points
-            if type(points) is list:
-                points.append(key)
-            else:
-                self._read_points = [key]  # (the first: see _appended)
+            self._read_points = _appended(self._read_points, key)
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[1]:
                 value = apply_atomic(op, value, param)
@@ -745,12 +741,8 @@ class Transaction:
             new = apply_atomic(op, entry[1] if entry[0] == _SET else None, param)
             self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
         self._mutations.append(("atomic", op, key, param))
-        if self._next_write_no_conflict:  # (_add_write_point inlined)
-            self._next_write_no_conflict = False
-            self._size += len(key) + len(param)
-        else:
-            self._write_points.append(key)
-            self._size += 3 * len(key) + len(param) + 1  # the key, its operand, its write conflict range
+        self._size += len(key) + len(param)
+        self._add_write_point(key)
 
     def add(self, key: bytes, param: bytes) -> None:
         self._atomic(_atomic.ADD, key, param)
@@ -803,9 +795,7 @@ class Transaction:
             key = bytes(key)
         if len(key) < 14:
             raise KVError(2000, "a versionstamped key needs at least 14 bytes (10 + 4-byte offset)")
-        body, offset = key[:-4], int.from_bytes(key[-4:], "little")
-        if offset + 10 > len(body):
-            raise KVError(2000, f"versionstamp offset {offset} does not fit the key of {len(body)} bytes")
+        body, offset = self._split_offset(key, "key")
         if len(body) > KEY_SIZE_LIMIT or body >= SYSTEM_KEY_PREFIX:
             _check_write_key(body)
         if type(value) is not bytes or len(value) > VALUE_SIZE_LIMIT:

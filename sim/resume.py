@@ -48,10 +48,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Snapshot", "Recorder", "capture", "restore", "resumable"]
 
-# Scenario attributes a snapshot shares with the run it came from instead of copying: the world
-# (replaced), the agents (a new process makes its own), the scenario's reasoning steps (derived
-# from its turns, never changed).
-_NOT_COPIED = ("world", "_agents", "_reasoning_steps")
+# Scenario attributes a snapshot shares with the run it came from instead of copying (derived
+# from its turns, never changed), and the ones it leaves behind: the world (replaced) and the
+# agents (a new process makes its own).
+_SHARED = ("_reasoning_steps",)
+_NOT_COPIED = ("world", "_agents") + _SHARED
 
 
 @dataclass
@@ -126,12 +127,12 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
         kv=world.engine.snapshot_state(),
         oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
         scenario=copy.deepcopy(state, memo),
-        shared={key: sc.__dict__.get(key) for key in _NOT_COPIED if key != "world"},
+        shared={key: sc.__dict__.get(key) for key in _SHARED},
         scenario_type=type(sc),
     )
 
 
-def restore(world: "World", snap: Snapshot) -> Any:
+def restore(world: "World", snap: Snapshot) -> tuple[Any, "Process"]:
     """Make the fresh ``world`` (same seed and plan) the snapshot's, the crashed process dead in it;
     returns the scenario, its clients where they were.  A snapshot is restored once (its copies
     become the new world's)."""

@@ -17,6 +17,7 @@ instead of re-running the history up to write k.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import time as _time
@@ -29,7 +30,7 @@ from .faults import FaultPlan
 from .resume import Recorder, Snapshot, restore
 from .world import Process, Violation, World
 
-__all__ = ["Scenario", "RunResult", "run_once", "exhaustive", "random_runs", "replay_command", "Checker"]
+__all__ = ["Scenario", "ClientState", "RunResult", "run_once", "exhaustive", "random_runs", "replay_command", "Checker"]
 
 
 class Checker:
@@ -50,15 +51,74 @@ class Checker:
         return ok
 
 
+@dataclass
+class ClientState:
+    """Where one simulated client is, recorded as it goes, so that a snapshot of the world holds
+    it (sim.resume): a crash run can start from the snapshot at its crash point instead of re-running
+    the history up to it.  What each field means depends on the client (RuntimeScenario's, the kv workloads')."""
+
+    phase: str = "start"
+    wake_at: float | None = None  # asleep until then (virtual time)
+    in_call: bool = False  # a call is out: a crash cuts it short, and the client retries it
+    run_id: str | None = None  # the run its submission was acknowledged as
+    pending: list[str] | None = None  # approvals still to give
+    runs: list[str] | None = None  # the runs to wait for, and how far it got
+    index: int = 0
+    behind: bool = False  # a follower told it fell behind retention
+    follow: list[str] | None = None  # drive: the conversations followed, and the first turns' count
+    turns: int = 0
+    caught: bool = False  # drive: the chaos period ran out
+    value: int | None = None  # a number the client drew and still holds (kv-cycle: the key it relinks)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "ClientState":
+        # (a snapshot copies every client at every write: field by field, not through
+        # copy.deepcopy's generic reduce, which was a third of a snapshot's cost)
+        new = copy.copy(self)
+        for name in ("pending", "runs", "follow"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(new, name, list(value))  # (lists of str)
+        return new
+
+
 class Scenario:
     """A workload: processes, clients, quiescence and the invariants it checks."""
 
     name = "scenario"
     description = ""
     processes: tuple[str, ...] = ("p1",)
+    # Whether a crash run can start from a snapshot at its crash point (sim.resume): true only for a
+    # scenario whose clients record where they are (``client``) and whose crash leaves no process
+    # running (one process).
+    resumable = False
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.clients: dict[str, ClientState] = {}  # where each simulated client is (resumable)
+
+    def resumed(self) -> None:
+        """Called on a scenario just restored from a snapshot (sim.resume): drop what belonged to
+        the process that died (a new incarnation builds its own)."""
+
+    def client(self, key: str) -> "ClientState":
+        """The recorded position of one simulated client (see :class:`ClientState`)."""
+        st = self.clients.get(key)
+        if st is None:
+            st = self.clients[key] = ClientState()
+        return st
+
+    async def _sleep(self, st: "ClientState", seconds: float) -> None:
+        """``trio.sleep(seconds)`` with its wake-up time recorded; resumed, sleep what was left."""
+        if st.wake_at is None:
+            st.wake_at = self.world.now() + seconds
+            await trio.sleep(seconds)
+        else:  # resumed from a snapshot taken mid-sleep
+            left = st.wake_at - self.world.now()
+            if left > 0:
+                await trio.sleep(left)
+            else:
+                await trio.lowlevel.checkpoint()
+        st.wake_at = None
 
     def boot(self, proc: Process) -> AsyncContextManager[Any]:
         raise NotImplementedError

@@ -80,17 +80,37 @@ class CycleScenario(Scenario):
         await app.setup()
         yield app
 
+    resumable = True  # one process; the clients record where they are (sim.resume)
+
     async def drive(self) -> None:
+        """CLIENTS clients, OPS relinks each: draw a key, think a little, relink (a relink cut short
+        by a crash is lost, not retried).  Each records where it is (``self.client``), so a crash run
+        resumed from a snapshot (sim.resume) picks every client up there: same draws, same sleeps."""
         world = self.world
+        self.client("drive")  # (the clients started: a crash from now on resumes them)
 
         async def client(c: int) -> None:
-            for _ in range(self.OPS):
-                r = world.rng.randrange(self.N)
-                await trio.sleep(world.rng.random() * 0.01)
-                try:
-                    await world.call("p1", lambda app: app.relink(r))
-                except ProcessDied:
+            st = self.client(f"client {c}")
+            while st.index < self.OPS:
+                if st.phase == "start":
+                    st.value = world.rng.randrange(self.N)
+                    st.phase = "sleep"
+                    await self._sleep(st, world.rng.random() * 0.01)
+                elif st.phase == "sleep":  # resumed mid-sleep: what is left of it
+                    await self._sleep(st, 0.0)
+                r = st.value
+                if st.in_call:  # resumed: the crash cut this relink short (the ProcessDied below)
                     world.trace.add("client.lost", c)
+                else:
+                    st.phase = "call"
+                    st.in_call = True
+                    try:
+                        await world.call("p1", lambda app: app.relink(r))
+                    except ProcessDied:
+                        world.trace.add("client.lost", c)
+                st.in_call = False
+                st.index += 1
+                st.phase = "start"
 
         async with trio.open_nursery() as n:
             for c in range(self.CLIENTS):
@@ -213,31 +233,52 @@ class OutboxScenario(Scenario):
             yield app
             n.cancel_scope.cancel()
 
+    resumable = True  # one process; the clients record where they are (sim.resume)
+
     async def drive(self) -> None:
+        """CLIENTS clients submit OPS jobs each; a lost acknowledgement is retried with the same
+        idempotency key.  Each records where it is, so a resumed crash run picks it up there."""
         world = self.world
+        self.client("drive")  # (the clients started: a crash from now on resumes them)
 
         async def client(c: int) -> None:
-            for i in range(self.OPS):
-                sub = f"c{c}-{i}"
-                while True:  # a lost acknowledgement is retried with the same idempotency key
+            st = self.client(f"client {c}")
+            while st.index < self.OPS:
+                sub = f"c{c}-{st.index}"
+                if st.in_call:  # resumed: the crash cut this submit short (the ProcessDied below)
+                    world.trace.add("client.retry", sub)
+                st.in_call = True
+                while True:
                     try:
                         self.acked[sub] = await world.call("p1", lambda app: app.submit(sub, "x"))
                         break
                     except ProcessDied:
                         world.trace.add("client.retry", sub)
+                st.in_call = False
+                st.index += 1
 
         async with trio.open_nursery() as n:
             for c in range(self.CLIENTS):
                 n.start_soon(client, c)
 
     async def quiesce(self) -> None:
+        """Poll until no job is pending (the worker keeps writing meanwhile: a crash may come here,
+        so the poll records where it is too)."""
+        q = self.client("quiesce")
         while True:
-            try:
-                if await self.world.call("p1", lambda app: app.pending()) == 0:
-                    return
-            except ProcessDied:
-                pass
-            await trio.sleep(0.5)
+            if q.wake_at is None:  # (else resumed in the pause)
+                if q.in_call:  # resumed: the crash cut the poll short (a ProcessDied)
+                    q.in_call = False
+                else:
+                    q.in_call = True
+                    try:
+                        pending = await self.world.call("p1", lambda app: app.pending())
+                    except ProcessDied:
+                        pending = None
+                    q.in_call = False
+                    if pending == 0:
+                        return
+            await self._sleep(q, 0.5)
 
     async def check(self, checker: Checker) -> None:
         async def read(tr: Any) -> tuple[int, list[Any], list[Any]]:

@@ -4,22 +4,24 @@ A crash at write k kills the simulated process.  What survives is the
 durable state of the memory engine at that instant and everything outside
 the process: the clients (which acknowledgements they heard, which calls
 were out, where they slept until, their journal cursors — recorded as they
-go in ``RuntimeScenario.clients``, :class:`sim.scenarios.ClientState`), the
+go in ``Scenario.clients``, :class:`sim.harness.ClientState`), the
 effects counted by the world, the virtual clock, the PRNG streams and the
 trace so far.  :func:`capture` copies exactly that when a run reaches a
 write; :func:`restore` builds a fresh world from it in which the process
 has just died, and the harness runs it on from there: the supervisor boots
 the next incarnation after the restart delay, the clients resume (a call
 that was out is retried, as after a ProcessDied), recovery runs to
-quiescence and every check runs as before.  So crash run k does not re-run
+quiescence and every check runs as before (a kv-cycle relink that was out is
+lost, as the ProcessDied would have told its client).  So crash run k does not re-run
 the history up to write k: the fault-free run takes a snapshot at each write
 (before and after it), and each crash run starts from its own.
 
-Which runs can be resumed (:func:`resumable`): the RuntimeScenarios with one
-process.  With two, the other process lives on through the crash with
-in-memory state (leases held, tools running, transactions in flight) no
-snapshot can hold; the kv workloads' clients are not recorded.  Those
-re-run their prefix as before.  A resumed crash run is the same crash as a
+Which runs can be resumed (:func:`resumable`): the scenarios with one process
+whose clients record where they are (``Scenario.resumable``): the
+RuntimeScenarios and the raw-kv workloads (kv-cycle, kv-outbox).  With two
+processes, the other one lives on through the crash with in-memory state
+(leases held, tools running, transactions in flight) no snapshot can hold;
+those re-run their prefix as before.  A resumed crash run is the same crash as a
 re-run one up to the crash point and a legal schedule after it, but not the
 same schedule (fresh tasks, a fresh run queue), so its trace differs from a
 re-run's; every crash run of a resumable scenario takes this path (the
@@ -113,7 +115,7 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
     state = {key: v for key, v in sc.__dict__.items() if key not in _NOT_COPIED}
     # The turns are never changed once made (a fork appends one: the list is copied, not they):
     # shared, not deep-copied (half the copy's cost).
-    memo: dict[int, Any] = {id(t): t for t in sc.turns}
+    memo: dict[int, Any] = {id(t): t for t in getattr(sc, "turns", ())}
     return Snapshot(
         k=k, when=when, process=proc.name, incarnation=proc.incarnation,
         drive_started="drive" in sc.clients,
@@ -127,7 +129,7 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
         kv=world.engine.snapshot_state(),
         oracle=(oracle.model.copy(), list(oracle.problems), oracle.transactions, oracle._last),
         scenario=copy.deepcopy(state, memo),
-        shared={key: sc.__dict__.get(key) for key in _SHARED},
+        shared={key: sc.__dict__[key] for key in _SHARED if key in sc.__dict__},
         scenario_type=type(sc),
     )
 
@@ -159,7 +161,7 @@ def restore(world: "World", snap: Snapshot) -> tuple[Any, "Process"]:
     sc.__dict__.update(snap.scenario)
     sc.__dict__.update(snap.shared)
     sc.world = world
-    sc._agents = None  # the next incarnation makes its own (a new process)
+    sc.resumed()  # (a RuntimeScenario's agents: the next incarnation makes its own)
     world.scenario = sc
     # The crash itself, as SimHooks and Process.kill record it.
     dead = Process(world, snap.process, snap.incarnation)

@@ -17,7 +17,6 @@ counter inside a process, so a restarted process replays the same script.
 from __future__ import annotations
 
 import contextvars
-import copy
 import hashlib
 import logging
 from contextlib import asynccontextmanager
@@ -33,12 +32,12 @@ from loop.providers import BreakAfter, broken, overflow, permanent, reply, tool_
 from loop.providers import anthropic as anthropic_wire  # (looked up per call: a patched runtime is seen)
 from loop.providers.scripted import RedactedBlock, ThinkingBlock, redacted_thinking, thinking
 
-from .harness import Checker, Scenario
+from .harness import Checker, ClientState, Scenario
 from .world import Process, ProcessDied, World
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RuntimeScenario", "SCENARIOS", "Turn"]
+__all__ = ["RuntimeScenario", "SCENARIOS", "Turn", "ClientState"]
 
 # Lease length in the simulation (virtual seconds): short, so a crashed worker's run is re-claimed soon.
 SIM_LEASE_SECONDS = 1.0
@@ -269,35 +268,6 @@ class Turn:
 
 
 @dataclass
-class ClientState:
-    """Where one simulated client is, recorded as it goes, so that a snapshot of the world holds
-    it (sim.resume): a crash run can start from the snapshot at its crash point instead of re-running
-    the history up to it.  What each field means depends on the client (RuntimeScenario's)."""
-
-    phase: str = "start"
-    wake_at: float | None = None  # asleep until then (virtual time)
-    in_call: bool = False  # a call is out: a crash cuts it short, and the client retries it
-    run_id: str | None = None  # the run its submission was acknowledged as
-    pending: list[str] | None = None  # approvals still to give
-    runs: list[str] | None = None  # the runs to wait for, and how far it got
-    index: int = 0
-    behind: bool = False  # a follower told it fell behind retention
-    follow: list[str] | None = None  # drive: the conversations followed, and the first turns' count
-    turns: int = 0
-    caught: bool = False  # drive: the chaos period ran out
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "ClientState":
-        # (a snapshot copies every client at every write: field by field, not through
-        # copy.deepcopy's generic reduce, which was a third of a snapshot's cost)
-        new = copy.copy(self)
-        for name in ("pending", "runs", "follow"):
-            value = getattr(self, name)
-            if value is not None:
-                setattr(new, name, list(value))  # (lists of str)
-        return new
-
-
-@dataclass
 class App:
     """What a client talks to: one process's runtime and its agents."""
 
@@ -328,7 +298,6 @@ class RuntimeScenario(Scenario):
         self.conflict_accepted: dict[str, str] = {}
         self.followed: dict[str, list[tuple[str, str]]] = {}  # conversation -> (cursor, type) seen live
         self.forks: list[tuple[str, str, int]] = []
-        self.clients: dict[str, ClientState] = {}  # where each simulated client is (resumable)
         self.model_calls: dict[Any, int] = {}
         self.tools_called: dict[str, int] = {}
         self._clog_done = False
@@ -353,6 +322,9 @@ class RuntimeScenario(Scenario):
         process, everything that survives a crash is outside it (a second process would live on
         through the crash with in-memory state no snapshot holds)."""
         return len(self.processes) == 1 and not self.clog
+
+    def resumed(self) -> None:
+        self._agents = None  # the next incarnation makes its own (a new process)
 
     @property
     def conversations(self) -> list[str]:
@@ -554,26 +526,6 @@ class RuntimeScenario(Scenario):
             yield App(rt, agents, proc)
 
     # ------------------------------------------------------------------ clients
-
-    def client(self, key: str) -> "ClientState":
-        """The recorded position of one simulated client (see :class:`ClientState`)."""
-        st = self.clients.get(key)
-        if st is None:
-            st = self.clients[key] = ClientState()
-        return st
-
-    async def _sleep(self, st: "ClientState", seconds: float) -> None:
-        """``trio.sleep(seconds)`` with its wake-up time recorded; resumed, sleep what was left."""
-        if st.wake_at is None:
-            st.wake_at = self.world.now() + seconds
-            await trio.sleep(seconds)
-        else:  # resumed from a snapshot taken mid-sleep
-            left = st.wake_at - self.world.now()
-            if left > 0:
-                await trio.sleep(left)
-            else:
-                await trio.lowlevel.checkpoint()
-        st.wake_at = None
 
     async def call(self, fn: Callable[[App], Any], proc: str | None = None, st: "ClientState | None" = None) -> Any:
         """A client call, retried on a process that died under it (the caller's code must be idempotent).

@@ -17,16 +17,19 @@ import pytest
 
 from sim import FaultPlan, harness, run_once
 from sim.harness import exhaustive
-from sim.kvworkloads import CycleScenario
+from sim.kvworkloads import CycleScenario, OutboxScenario
 from sim.resume import Recorder
 from sim.scenarios import SCENARIOS
 from sim.world import Process, World
 
-# Every single-process RuntimeScenario resumes; these re-run their prefix (two processes, or a
-# raw-kv workload whose clients are not recorded).
+# Every single-process scenario resumes (the RuntimeScenarios and the raw-kv workloads); these
+# re-run their prefix (two processes: one lives on through the crash).
 NOT_RESUMABLE = {"two-runtimes", "exhaustion", "stale-worker"}
+KV_WORKLOADS = {"kv-cycle": CycleScenario, "kv-outbox": OutboxScenario}
+# What the clients of a scenario hold (a RuntimeScenario's records; the kv workloads' acked and clients).
 _CLIENT_RECORDS = ("acks", "run_of", "cancel_acked", "conflicts", "conflict_accepted", "followed", "forks",
-                   "model_calls", "tools_called", "behind", "thinking_refused", "clients", "turns", "_settled")
+                   "model_calls", "tools_called", "behind", "thinking_refused", "clients", "turns", "_settled",
+                   "acked")
 
 
 def _state_at_crash(world) -> dict:
@@ -41,7 +44,7 @@ def _state_at_crash(world) -> dict:
         "store": {k: list(h) for k, h in store._hist.items()}, "version": store._version,
         "engine": (world.engine.engine._last_version, world.engine.engine._max_read_version),
         "model": dict(world.oracle.model), "oracle_transactions": world.oracle.transactions,
-        "clients": copy.deepcopy({k: getattr(sc, k) for k in _CLIENT_RECORDS}),
+        "clients": copy.deepcopy({k: getattr(sc, k) for k in _CLIENT_RECORDS if hasattr(sc, k)}),
     }
 
 
@@ -64,15 +67,17 @@ def _rerun_and_resume(monkeypatch, factory, seed: int, plan: FaultPlan, snapshot
     return rerun, resumed, at_crash
 
 
-@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - NOT_RESUMABLE - {"mix"}) + ["mix"])
+@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - NOT_RESUMABLE - {"mix"}) + ["mix"] + sorted(KV_WORKLOADS))
 def test_a_resumed_crash_run_starts_from_what_the_crash_leaves(name, monkeypatch):
-    factory = SCENARIOS[name]
+    factory = KV_WORKLOADS.get(name) or SCENARIOS[name]
     seed = _one_process_mix_seed() if name == "mix" else 1
     rec = Recorder()
     base = run_once(factory, seed, recorder=rec)
     assert base.ok and base.writes >= 3
     assert set(rec.snapshots) == {(k, w) for k in range(1, base.writes + 1) for w in ("before", "after")}
     points = sorted({1, (base.writes + 1) // 2, base.writes})
+    if name in KV_WORKLOADS:  # (cheap runs: every write, so a crash in every client phase and in quiesce)
+        points = list(range(1, base.writes + 1))
     for k in points:
         for when in ("before", "after"):
             plan = FaultPlan().with_crash(k, when)
@@ -87,8 +92,8 @@ def test_a_resumed_crash_run_starts_from_what_the_crash_leaves(name, monkeypatch
 
 
 def test_scenarios_a_crash_leaves_running_are_re_run():
-    """Two processes (one lives on through the crash) and the raw-kv workloads take no snapshots."""
-    for factory in [SCENARIOS[n] for n in sorted(NOT_RESUMABLE)] + [CycleScenario]:
+    """Two processes (one lives on through the crash): no snapshots."""
+    for factory in [SCENARIOS[n] for n in sorted(NOT_RESUMABLE)]:
         rec = Recorder()
         base = run_once(factory, 1, recorder=rec)
         assert base.ok and base.writes > 0 and not rec.snapshots

@@ -154,6 +154,7 @@ class RunResult:
     # nothing crashed): what sharing prefixes between crash runs could save at most (bench_sim).
     cpu_seconds: float = 0.0
     prefix_cpu_seconds: float = 0.0
+    resumed: bool = False  # started at its crash point from a snapshot (sim.resume), no prefix re-run
 
     @property
     def ok(self) -> bool:
@@ -268,6 +269,7 @@ def _run_once(factory: ScenarioFactory, seed: int, plan: FaultPlan, trace_keep: 
         task_steps=world.stats["task_steps"],
         cpu_seconds=_time.process_time() - c0,
         prefix_cpu_seconds=(world.first_crash_cpu - c0) if world.first_crash_cpu is not None else 0.0,
+        resumed=snapshot is not None,
     )
 
 

@@ -48,9 +48,19 @@ MAX_PROBLEMS = 5
 class RecordingTransaction(Transaction):
     """A real kv transaction that also logs its non-snapshot reads for the oracle."""
 
+    # The read log and the write number belong to one attempt: kv starts every attempt's state in
+    # one private hook, and a new transaction's in either of two depending on the kv version
+    # (_reset_state, or _clear_state once kv split it out so a new transaction skips dropping a
+    # snapshot it never had).  Both are overridden so the sim runs on either; the second
+    # assignment on a reset (both run then) is harmless.
+    def _clear_state(self) -> None:
+        super()._clear_state()  # type: ignore[misc]
+        self._sim_log: list[tuple] = []
+        self._sim_k = None
+
     def _reset_state(self) -> None:
         super()._reset_state()
-        self._sim_log: list[tuple] = []
+        self._sim_log = []
         self._sim_k = None
 
     def _network(self, commit: bool = False) -> Awaitable[None] | None:

@@ -50,6 +50,7 @@ class Summary:
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0  # process CPU time: the rate on a shared (loaded) machine
     prefix_cpu_seconds: float = 0.0  # of the runs' CPU, the part before their first crash
+    resumed: int = 0  # crash runs started from a snapshot at their crash point (sim.resume)
     commits: int = 0
     transactions: int = 0
     task_steps: int = 0
@@ -70,6 +71,7 @@ class Summary:
         self.transactions += r.transactions
         self.task_steps += r.task_steps
         self.prefix_cpu_seconds += r.prefix_cpu_seconds
+        self.resumed += r.resumed
         self.by_scenario[r.scenario] = self.by_scenario.get(r.scenario, 0) + 1
         self._hash.update(f"{r.scenario}|{r.seed}|{r.plan.describe()}|{r.trace}\n".encode())
         for v in r.violations:
@@ -108,6 +110,9 @@ class Summary:
             # the share of the CPU spent before each run's first crash (re-running the history up to
             # the crash point): the most any prefix sharing could save
             "prefix_cpu_share": round(self.prefix_cpu_seconds / self.cpu_seconds, 3) if self.cpu_seconds else 0.0,
+            # crash runs that started at their crash point (the rest of the crash runs re-ran their
+            # history: the two-process scenarios)
+            "resumed_runs": self.resumed,
             "trace": self.trace,
         }
 

@@ -11,8 +11,8 @@ swing by +-15% between identical runs, these do not.  (Task steps are counted by
 seeded PRNG, sim.world._SchedulerRandom: free.)  ``prefix_cpu_share`` (per mode) is the part of the
 CPU spent before each run's first crash, and ``cycles_per_cpu_s_prefix_free`` the rate if the
 exhaustive crash runs' prefixes cost nothing: the ceiling of any prefix-sharing scheme.  (Crash
-runs that can be resumed from a snapshot, sim.resume, run no prefix: what is left is the
-two-process scenarios' and the kv workloads'.)
+runs that can be resumed from a snapshot, sim.resume, run no prefix — ``resumed_runs`` counts them
+per mode; what is left is the two-process scenarios'.)
 
     python tests/bench/bench_sim.py [--random-runs N] [--seed S]
 """

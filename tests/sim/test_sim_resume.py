@@ -160,3 +160,14 @@ def test_a_crash_while_booting_resumes_before_the_clients_start(monkeypatch):
         assert rerun.ok and resumed.ok and resumed.restarts == 1 and resumed.crashes == 1
         assert at_crash[0] == at_crash[1]
         assert run_once(_BootWrites, 1, plan).trace == resumed.trace
+
+
+def test_the_summary_counts_the_resumed_crash_runs():
+    """bench_sim's resumed_runs: every crash run of a resumable scenario, none of a two-process one."""
+    from sim.session import run_session
+
+    kv_cycle = run_session(["kv-cycle"], 1, exhaustive_mode=True)
+    assert kv_cycle.ok and kv_cycle.resumed == kv_cycle.runs - 1 > 0  # all but the fault-free run
+    assert kv_cycle.figures()["resumed_runs"] == kv_cycle.resumed
+    stale = run_session(["stale-worker"], 1, exhaustive_mode=True)
+    assert stale.ok and stale.runs > 1 and stale.resumed == 0

@@ -29,7 +29,8 @@ from operator import attrgetter
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import trio
-from trio.lowlevel import current_task, reschedule, wait_task_rescheduled
+from trio._core import _run as _trio_run  # the run state: see _deliver (trio is pinned in pyproject.toml)
+from trio.lowlevel import reschedule, wait_task_rescheduled
 
 from .errors import KVError
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_TRANSACTIONS, MAX_WATCHES, MVCC_WINDOW_VERSIONS, VERSIONS_PER_SECOND
@@ -361,7 +362,8 @@ class Engine:
                 inline = self._handed_on = False
                 try:
                     batch = self._take_batch()
-                    if batch and self._can_apply_inline(sum([len(r.mutations) for r in batch])):
+                    if batch and self._can_apply_inline(
+                            len(batch[0].mutations) if len(batch) == 1 else sum([len(r.mutations) for r in batch])):
                         # Nothing else could run meanwhile: resolve, write and
                         # finish without a thread hop or a cancel scope (no
                         # await happens in between, so nothing can cancel it).
@@ -382,7 +384,7 @@ class Engine:
                     # woken into trio's current batch is invisible from here.
                     await trio.lowlevel.cancel_shielded_checkpoint()
             else:
-                req.task = current_task()
+                req.task = _trio_run.GLOBAL_RUN_CONTEXT.task  # (current_task() without the call)
                 await wait_task_rescheduled(_refuse_abort)
         if req.error is not None:
             raise req.error
@@ -428,6 +430,17 @@ class Engine:
         A request without read conflicts cannot conflict and is not checked.
         """
         version = self._next_version()
+        if len(batch) == 1:
+            req = batch[0]
+            if not (req.read_ranges or req.read_points or req.stamped):
+                # A lone blind write (every commit of the memory engine's blind writers, a
+                # lone durable one): nothing to check or stamp, so the loop below would
+                # only accept it. Its own list of mutations serves: nothing writes to it.
+                req.batch_version = version
+                req.order = 0
+                if req.write_points or req.write_ranges:
+                    self.resolver.add(version, req.write_ranges, req.write_points)
+                return version, [req], req.mutations
         accepted: list[CommitRequest] = []
         mutations: list[Mutation] = []
         window_floor = version - self.mvcc_window
@@ -491,13 +504,16 @@ class Engine:
                 req.done = True
                 _wake(req)
             return
-        for req in batch:  # the common case, once per commit: _wake inlined
+        # The common case, once per commit: _wake inlined, and the runner's own
+        # reschedule called (trio.lowlevel.reschedule looks the runner up each time).
+        resched = _trio_run.GLOBAL_RUN_CONTEXT.runner.reschedule
+        for req in batch:
             if req.error is None:
                 req.version = version
             req.done = True
             task, req.task = req.task, None
             if task is not None:
-                reschedule(task)
+                resched(task)
 
     def _fail(self, batch: list[CommitRequest], version: int, exc: BaseException) -> None:
         """A crash or a storage failure: nobody in the batch committed (or knows)."""

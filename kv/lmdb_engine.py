@@ -198,6 +198,17 @@ class _LmdbSnapshot:
         if base is not None:
             self._store._release(base, self.version)
 
+    def __del__(self) -> None:
+        # A transaction dropped without commit, reset or cancel (a read-only one, usually)
+        # still holds its snapshot: closing it here lets the store release the base and
+        # trim the overlay. The finalizer is the snapshot's, not the transaction's, so a
+        # blind write (no snapshot) pays nothing for it: measured ~0.2 us a transaction.
+        if getattr(self, "_base", None) is not None:  # (None too if __init__ failed early)
+            try:
+                self.close()
+            except Exception:
+                pass
+
 
 class _Job:
     """One batch handed to the log's sync helper: written, its sync requested.

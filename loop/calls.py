@@ -33,25 +33,35 @@ log = logging.getLogger(__name__)
 class Clock:
     """Wall time for records (``now``) and waiting (``sleep_until``), swappable in tests.
 
-    The default maps trio's clock onto wall time once, so a trio ``MockClock``
-    makes every wait and every recorded time virtual together.
+    The default maps trio's clock onto wall time once per trio run (at the run's first
+    ``now``), so a trio ``MockClock`` makes every wait and every recorded time virtual
+    together, and within a run ``now`` moves exactly as trio's clock does.
+
+    Once per *run*, not once per Clock: trio starts each run's ``SystemClock`` at a random
+    offset (10,000 to 200,000 s), so an offset kept from an earlier ``trio.run`` of the same
+    process (``SYSTEM_CLOCK`` is shared by every runtime) put every later run's times off by
+    up to ~190,000 s: lease expiries another process compares with its own wall clock (a
+    live run taken over at once, or a dead one's runs held for days), journal timestamps,
+    retry times.
     """
 
     def __init__(self, wall: Callable[[], float] | None = None) -> None:
         import time
 
         self._wall = wall or time.time
-        self._offset: float | None = None
+        self._clock: trio.abc.Clock | None = None  # the trio clock ``_offset`` maps (its run's)
+        self._offset = 0.0
 
     def now(self) -> float:
         """Seconds since the epoch (virtual when trio's clock is)."""
         try:
-            t = trio.current_time()
-        except RuntimeError:
+            clock = trio.lowlevel.current_clock()
+        except RuntimeError:  # outside trio
             return self._wall()
-        if self._offset is None:
-            self._offset = self._wall() - t
-        return self._offset + t
+        if clock is not self._clock:  # this run's first call (see the class docstring)
+            self._clock = clock
+            self._offset = self._wall() - clock.current_time()
+        return self._offset + clock.current_time()
 
     async def sleep_until(self, wall_time: float) -> None:
         await trio.sleep(max(0.0, wall_time - self.now()))

@@ -542,3 +542,26 @@ async def test_check_lease_decodes_a_changed_lease_record(db, clock):
     with pytest.raises(LeaseLost):
         await db.transact(lambda tr: L.check_lease(tr, a))
     assert (await db.transact(lambda tr: L.check_lease(tr, b)))["worker"] == "B"
+
+
+async def test_an_outcome_larger_than_a_chunk_is_stored_in_chunks_and_wakes_its_waiter(db):
+    """A settle writes a small outcome as chunk 0 directly (no Subspace made) and a larger one
+    through write_chunks: both read back whole, and a waiter watching chunk 0 wakes for each."""
+    from sessions.codec import CHUNK_SIZE
+    _, L = make(db)
+    results = {"small": "x", "big": "y" * (2 * CHUNK_SIZE + 10)}
+    for name, result in results.items():
+        ack = await L.submit(name, {"n": name}, None, owner=OWNER, conversation=name)
+        lease = await L.claim("w")
+        got = []
+        async with trio.open_nursery() as n:
+            async def wait(run_id=ack.run_id):
+                got.append(await L.wait_settled(run_id))
+            n.start_soon(wait)
+            await trio.sleep(0.05)  # the waiter is watching chunk 0 of the outcome
+            await L.settle(lease, completed(result))
+        assert got == [completed(result)]
+        chunks = L.keys.outcome(ack.run_id).range()
+        rows = await db.transact(lambda tr: tr.get_range(chunks.start, chunks.stop))
+        assert len(rows) == (1 if name == "small" else 3)
+        assert (await L.get_run(ack.run_id)).outcome == completed(result)

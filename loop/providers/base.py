@@ -261,7 +261,7 @@ async def stream_model(
         async for ev in agen:
             if isinstance(ev, Finish):
                 finished = True
-            elif _is_output(ev):
+            elif not output and _is_output(ev):  # (once output, always: no need to ask again)
                 output = True
             yield ev
     except ProviderError as e:
@@ -353,7 +353,9 @@ class ResponseBuilder:
             idx = next(i for i, pos in self._call_at.items() if self._parts[pos] is p)
             raw = "".join(self._args[idx])
             q = dict(p)
-            if raw.strip():
+            if raw == "{}":  # (a call without arguments, as most providers stream it: no parse)
+                q["arguments"] = {}
+            elif raw.strip():
                 try:
                     args = json.loads(raw)
                 except ValueError:

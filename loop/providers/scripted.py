@@ -103,6 +103,13 @@ CHARS_PER_TOKEN = 4
 assert DEFAULT_CHUNK > 0 and TOOL_CALL_TOKENS > 0 and CHARS_PER_TOKEN > 0
 
 
+def _args_json(arguments: Mapping[str, Any] | None) -> str:
+    """A tool call's arguments as the JSON a provider streams: ``json.dumps`` of them, and
+    "{}" (what ``json.dumps({})`` gives) for none, without the call (a no-argument tool's
+    call is the common case, twice per scripted call: the stream and the usage estimate)."""
+    return json.dumps(arguments) if arguments else "{}"
+
+
 def estimate_tokens(text: str) -> int:
     """A rough token count (4 characters a token), used where no tokenizer exists."""
     return max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN) if text else 0
@@ -223,7 +230,7 @@ def _context_tokens(system: str, messages: Sequence[Message]) -> int:
             if kind == "text":
                 text += len(p.get("text", ""))
             elif kind == "tool_call":
-                n += estimate_tokens(json.dumps(p.get("arguments") or {}))
+                n += estimate_tokens(_args_json(p.get("arguments")))
             elif kind == "tool_result":
                 n += estimate_tokens(p.get("content") or "")
         if text:
@@ -358,7 +365,7 @@ def _reply_events(
             call_id = block.get("id") or f"call_{len(messages)}_{calls}"
             calls += 1
             yield ToolCallStart(at, call_id, block["name"])
-            args = block["partial_arguments"] if "partial_arguments" in block else json.dumps(block.get("arguments") or {})
+            args = block["partial_arguments"] if "partial_arguments" in block else _args_json(block.get("arguments"))
             if args:  # (a call cut right after its start sends no arguments, as Anthropic's stream)
                 yield ToolCallDelta(at, args)
     usage = r.usage or Usage(_context_tokens(system, messages), _output_tokens(r) if output is None else output)
@@ -408,7 +415,7 @@ def _cut(blocks: list[_Block], max_tokens: int) -> tuple[list[_Block], int]:
             n = TOOL_CALL_TOKENS
             if n > room:
                 if room:
-                    args = json.dumps(b.get("arguments") or {})
+                    args = _args_json(b.get("arguments"))
                     out.append(("call", {**b, "partial_arguments": args[: len(args) * room // TOOL_CALL_TOKENS]}))
                     room = 0
                 break

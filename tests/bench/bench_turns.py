@@ -27,6 +27,16 @@ worker makes 5).
 The runtime runs the process at ``loop.runtime.GC_THRESHOLDS`` while it is open
 (``gc_thresholds``): at CPython's defaults the collector took 13-15% of a concurrent turn's CPU.
 
+``--breakdown`` instead runs only the concurrent turns under a CPU-time sampler (SIGPROF
+every ``SAMPLE_INTERVAL_S`` of process CPU) and prints where that CPU went: the share of
+samples whose innermost Python frame is in each package (kv, ledger, sessions, loop, trio,
+...; C calls such as cbor2's encoder or LMDB count for the Python frame that made them,
+as py-spy's "self" does). It is for finding costs, not a figure to compare: the handler
+itself adds a little CPU, and a Python signal handler runs only between bytecodes, so a long C
+call (an LMDB commit, a cbor2 encoding) yields one sample however long it takes and C-heavy
+code is under-counted. py-spy (in the venv: ``py-spy record -r 500 -f raw``) samples from
+outside and is the better instrument; this one needs nothing but the standard library.
+
 Last, a claim reads O(context), not O(history): the CPU of a plain turn in a
 compacted conversation of ``LONG_CONVERSATION`` messages beside one of
 ``SHORT_CONVERSATION`` (``long_vs_short_turn_cpu``: ~1 when a claim reads only
@@ -40,6 +50,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -60,6 +71,11 @@ CONCURRENCY = 32
 LONG_CONVERSATION = 20_000
 SHORT_CONVERSATION = 100
 WINDOW_TURNS = 30
+SAMPLE_INTERVAL_S = 0.001  # --breakdown: process CPU between two samples
+BREAKDOWN_TURNS = 3200
+#: --breakdown: the top-level directories of this repository reported as packages (any other
+#: file is named by its top-level package under site-packages, or "stdlib")
+OWN_PACKAGES = ("kv", "ledger", "sessions", "loop", "server", "sim", "tests")
 
 
 def make_agent() -> Agent:
@@ -224,10 +240,69 @@ async def bench(data: str, seq_turns: int, conc_turns: int) -> dict:
     return out
 
 
+def _package_of(filename: str, root: str) -> str:
+    if "site-packages/" in filename:  # (first: the venv may lie inside the repository)
+        return filename.split("site-packages/", 1)[1].split("/", 1)[0]
+    if filename.startswith(root):
+        top = filename[len(root):].lstrip("/").split("/", 1)[0]
+        return top if top in OWN_PACKAGES else "bench"
+    return "stdlib"
+
+
+async def breakdown(data: str, turns: int) -> dict:
+    """The concurrent turns under a SIGPROF sampler: the share of CPU samples per package of
+    the innermost Python frame (see the module docstring)."""
+    agent = make_agent()
+    root = str(Path(__file__).resolve().parents[2])
+    samples: dict[str, int] = {}
+    cache: dict[str, str] = {}
+
+    def on_sample(signum: int, frame) -> None:  # noqa: ANN001 — a signal handler's frame
+        if frame is None:
+            return
+        fn = frame.f_code.co_filename
+        pkg = cache.get(fn)
+        if pkg is None:
+            pkg = cache[fn] = _package_of(fn, root)
+        samples[pkg] = samples.get(pkg, 0) + 1
+
+    async with Runtime.open(f"lmdb:{data}", workers=CONCURRENCY, agents=[agent]) as rt:
+        for i in range(10):
+            assert (await rt.run(agent, f"warm-{i}", "go")).ok
+        per_task = turns // CONCURRENCY
+
+        async def client(k: int) -> None:
+            for j in range(per_task):
+                assert (await rt.run(agent, f"conc-{k}-{j}", "go")).ok
+
+        old = signal.signal(signal.SIGPROF, on_sample)
+        cpu0 = time.process_time()
+        signal.setitimer(signal.ITIMER_PROF, SAMPLE_INTERVAL_S, SAMPLE_INTERVAL_S)
+        try:
+            async with trio.open_nursery() as n:
+                for k in range(CONCURRENCY):
+                    n.start_soon(client, k)
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+            signal.signal(signal.SIGPROF, old)
+        cpu_s = time.process_time() - cpu0
+    total = sum(samples.values()) or 1
+    return {"turns": per_task * CONCURRENCY, "samples": total,
+            "cpu_ms_per_turn": round(cpu_s / (per_task * CONCURRENCY) * 1e3, 2),
+            "share": {k: round(v / total, 3) for k, v in sorted(samples.items(), key=lambda kv: -kv[1])}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer turns (a smoke run)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the concurrent turns, sampled: CPU share per package (see the docstring)")
     args = ap.parse_args()
+    if args.breakdown:
+        with tempfile.TemporaryDirectory(prefix="bench-turns-") as d:
+            result = trio.run(breakdown, str(Path(d) / "data"), 320 if args.quick else BREAKDOWN_TURNS)
+        print(json.dumps({"bench": "turns-breakdown", **result}))
+        return
     seq, conc = (50, 320) if args.quick else (300, 3200)
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as d:
         result = trio.run(bench, str(Path(d) / "data"), seq, conc)

@@ -1,6 +1,6 @@
 """The resolver against a brute-force model of FoundationDB's conflict rule,
-with forgetting done in small budgets (history kept past the window must
-never change an answer for a read version inside it)."""
+with forgetting between commits (history kept past the window, a generation of
+it at a time, must never change an answer for a read version inside it)."""
 
 from __future__ import annotations
 
@@ -36,11 +36,10 @@ def _model_conflicts(history, read_ranges, read_points, read_version) -> bool:
 @given(
     commits=st.lists(_commit, min_size=1, max_size=30),
     floors=st.lists(st.integers(0, 30), max_size=10),
-    budget=st.integers(1, 4),
     probes=st.lists(st.tuples(st.lists(_ranges, max_size=2), st.lists(_keys, max_size=2), st.integers(0, 30)), max_size=10),
     scan=_scan_limits,
 )
-def test_conflicts_match_the_model_while_forgetting_in_small_budgets(commits, floors, budget, probes, scan):
+def test_conflicts_match_the_model_while_forgetting(commits, floors, probes, scan):
     r = Resolver(scan_recent_keys=scan)
     history = []
     floor = 0
@@ -49,25 +48,31 @@ def test_conflicts_match_the_model_while_forgetting_in_small_budgets(commits, fl
         history.append((i, points, ranges))
         if i - 1 < len(floors):
             floor = max(floor, floors[i - 1])
-            r.forget_before(floor, budget=budget)
+            r.forget_before(floor)
     for read_ranges, read_points, rv in probes:
         rv = max(rv, floor)  # older read versions are transaction_too_old before the resolver
         read_ranges = [(b, e) for b, e in read_ranges if b < e]
         assert r.conflicts(read_ranges, rv, read_points) == _model_conflicts(history, read_ranges, read_points, rv)
 
 
-def test_a_burst_is_forgotten_a_budget_at_a_time():
+def test_point_writes_are_forgotten_a_generation_at_a_time():
     r = Resolver()
     r.add(1, [], [b"k%05d" % i for i in range(5_000)])
     r.add(2, [(b"x", b"y")], [b"late"])
-    r.forget_before(2, budget=2_000)
-    assert len(r) == 3_000 + 2  # 2,000 forgotten; the rest of the burst, the range and "late" kept
-    r.forget_before(2, budget=2_000)
-    r.forget_before(2, budget=2_000)
-    assert len(r) == 2
+    r.forget_before(2)  # the range of version 2 is young; the point writes become the old generation
+    assert len(r) == 5_000 + 1 + 1
     assert r.conflicts([(b"late", key_after(b"late"))], 1)
-    assert not r.conflicts([(b"k00000", b"k99999")], 1)  # version 1 writes are gone, nothing newer there
-    r.forget_before(3)
+    assert r.conflicts([(b"k00000", b"k99999")], 0)  # the old generation answers reads older than it
+    assert not r.conflicts([(b"k00000", b"k99999")], 1)  # nothing newer than 1 there
+    r.add(3, [], [b"late", b"new"])  # young again; "late" in both generations
+    assert r.conflicts([], 2, [b"late"]) and not r.conflicts([], 3, [b"late"])
+    r.forget_before(3)  # the old generation's newest write (2) is below 3: dropped whole
+    assert len(r) == 2  # "late" and "new" at 3 (the range at 2 went too)
+    assert r.conflicts([], 2, [b"new"]) and not r.conflicts([(b"k", b"l")], 0)
+    r.forget_before(3)  # nothing newer than the old generation's newest (3) expired: kept
+    assert len(r) == 2
+    r.forget_before(4)
+    r.forget_before(4)
     assert len(r) == 0
 
 
@@ -77,10 +82,9 @@ def test_a_burst_is_forgotten_a_budget_at_a_time():
                                                                              st.lists(_keys, max_size=2),
                                                                              st.integers(0, 30)), max_size=2)),
                    min_size=1, max_size=30),
-    budget=st.integers(1, 4),
     scan=_scan_limits,
 )
-def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets(steps, budget, scan):
+def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets(steps, scan):
     """Range checks index the keys written since the last one (or scan them, when
     few); keys written, forgotten and written again around those checks must still
     be found exactly when the model finds them."""
@@ -91,7 +95,7 @@ def test_conflicts_match_the_model_with_range_checks_between_commits_and_forgets
         r.add(i, [(b, e) for b, e in ranges], points)
         history.append((i, points, ranges))
         floor = max(floor, min(new_floor, i))
-        r.forget_before(floor, budget=budget)
+        r.forget_before(floor)
         for read_ranges, read_points, rv in probes:
             rv = max(rv, floor)
             read_ranges = [(b, e) for b, e in read_ranges if b < e]

@@ -211,8 +211,10 @@ class Resolver:
         commit up, delete it unless rewritten since, from the dict and the sorted
         list or its pending dict) was a Python step per key written, about a third
         of the resolver's CPU in steady state; dropping a generation is one
-        C-level free of its dict, lists and sorted list, about 30-50 ns a key
-        (a 20,000-key burst: ~1 ms once, not spread over batches).
+        C-level free of its dict, lists and sorted list, ~27-32 ns a key (a
+        20,000-key burst 0.53 ms, 200,000 keys 6.5 ms, measured with the keys
+        freed too), once, where the old key-by-key way spread ~0.3 us a key over
+        the batches in budgets of 2,000 keys.
         """
         # (with nothing written since the last rotation and the old generation already
         # empty there is nothing to drop: no new empty structures every batch)

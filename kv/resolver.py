@@ -157,8 +157,8 @@ class Resolver:
         version is."""
         out: list[bytes] = []
         limit = self.scan_recent_keys
-        for versions, keys in ((self._history_versions, self._history_keys),
-                               (self._old_history_versions, self._old_history_keys)):
+        versions, keys = self._history_versions, self._history_keys
+        while True:
             for i in range(len(versions) - 1, -1, -1):
                 if versions[i] <= read_version:
                     return out
@@ -169,7 +169,10 @@ class Resolver:
                     out.extend(written)
                 if len(out) > limit:
                     return None
-        return out
+            # the young history is all newer than the read: the old one may hold more
+            if versions is self._old_history_versions or self._old_top <= read_version:
+                return out
+            versions, keys = self._old_history_versions, self._old_history_keys
 
     def add(self, version: int, write_ranges: Sequence[tuple[bytes, bytes]],
             write_points: Sequence[bytes] = ()) -> None:

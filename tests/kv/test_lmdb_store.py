@@ -9,6 +9,7 @@ import socket
 import lmdb
 import pytest
 import trio
+import trio.testing
 
 import kv
 from kv import KVError
@@ -161,8 +162,12 @@ async def test_a_slow_disk_sends_lone_commits_to_the_writer_thread(tmp_path):
         inline0 = stats["inline_batches"]
         await lone_commit(0)
         assert stats["inline_batches"] == inline0  # written by the thread
-        assert store._commit_seconds < 100 * INLINE_MAX_COMMIT_SECONDS  # and the average moved
+        # and its sync time was folded into the average (either way: under heavy load a
+        # sync can take longer than the average's 0.2 s, and that is not what this tests)
+        assert store._commit_seconds != 100 * INLINE_MAX_COMMIT_SECONDS
         store._commit_seconds = 0.0  # fast again
+        # inline also needs an idle loop: let anything the thread's hand-back woke settle
+        await trio.testing.wait_all_tasks_blocked()
         await lone_commit(1)
         assert stats["inline_batches"] == inline0 + 1
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import kv
-from sessions.codec import fastpack, pack_str
+from sessions.codec import fastpack, pack_str, pack_uint
 
 #: Packed keys are pure functions of their parts; tuple packing costs tens of
 #: microseconds, so hot keys (a conversation's journal, a run's lease) are cached.
@@ -67,25 +67,6 @@ __all__ = ["LedgerKeyspace"]
 _O, _SUB, _SBD, _SBC, _CS, _Q, _H = (pack_str(p) for p in ("o", "sub", "sbd", "sbc", "cs", "q", "h"))
 _RUN, _OUT, _RL, _CX, _U, _S, _T = (pack_str(p) for p in ("run", "out", "rl", "cx", "u", "s", "t"))
 _RD, _LX = pack_str("rd"), pack_str("lx")
-
-#: Non-negative ints below this pack as the tuple code 0x14 + their byte length, then their
-#: big-endian bytes; from it on (2**64 - 1 included, as FoundationDB's tuple layer does) as a
-#: bignum, which _pack_uint leaves to fastpack/kv.tuple.
-_UINT_INLINE_LIMIT = (1 << 64) - 1
-_UINT_CODES = [bytes((0x14 + n,)) for n in range(9)]
-
-
-def _pack_uint(n: int) -> bytes:
-    """The tuple encoding of one non-negative int part. The ready and lease-expiry indexes
-    are keyed by microsecond timestamps (~2**51) and a conversation's FIFO and history by
-    sequence numbers that pass 255: fastpack encodes only ints below 256 inline and sends
-    the rest through kv.tuple's generic packer, which cost ~2% of a submission's
-    instructions (a submit builds a ready key and a FIFO and a history key)."""
-    if 0 <= n < _UINT_INLINE_LIMIT:
-        size = (n.bit_length() + 7) >> 3
-        return _UINT_CODES[size] + n.to_bytes(size, "big")
-    return fastpack(b"", (n,))
-
 
 class LedgerKeyspace:
     """Key constructors for the table above. Pure; no I/O."""
@@ -135,7 +116,7 @@ class LedgerKeyspace:
         return self._owned(tag) + _CS + pack_str(conv)
 
     def fifo(self, tag: str, conv: str, seq: int) -> bytes:
-        return self._queue_prefixes(tag, conv)[0] + _pack_uint(seq)
+        return self._queue_prefixes(tag, conv)[0] + pack_uint(seq)
 
     @lru_cache(maxsize=_CACHE)
     def _queue_prefixes(self, tag: str, conv: str) -> tuple[bytes, bytes]:
@@ -147,7 +128,7 @@ class LedgerKeyspace:
         conversation's prefixes cached, ``seq`` packed once for both (and not cached: each
         sequence number is written once)."""
         q, h = self._queue_prefixes(tag, conv)
-        s = _pack_uint(seq)
+        s = pack_uint(seq)
         return q + s, h + s
 
     @lru_cache(maxsize=_CACHE)
@@ -155,7 +136,7 @@ class LedgerKeyspace:
         return self.base.range(("o", tag, "q", conv))
 
     def history(self, tag: str, conv: str, seq: int) -> bytes:
-        return self._queue_prefixes(tag, conv)[1] + _pack_uint(seq)
+        return self._queue_prefixes(tag, conv)[1] + pack_uint(seq)
 
     @lru_cache(maxsize=_CACHE)
     def history_range(self, tag: str, conv: str) -> slice:
@@ -174,7 +155,7 @@ class LedgerKeyspace:
         """``outcome(run_id).pack((i,))``, without making (and caching) the Subspace: a run's
         outcome is written once, by its settle, as one chunk when it fits, and waited on
         at chunk 0."""
-        return self._b + _OUT + pack_str(run_id) + _pack_uint(i)
+        return self._b + _OUT + pack_str(run_id) + pack_uint(i)
 
     @lru_cache(maxsize=_CACHE)
     def lease(self, run_id: str) -> bytes:
@@ -185,13 +166,13 @@ class LedgerKeyspace:
         return self._b + _CX + pack_str(run_id)
 
     def ready(self, ready_us: int, run_id: str) -> bytes:
-        return self._rd + _pack_uint(ready_us) + pack_str(run_id)
+        return self._rd + pack_uint(ready_us) + pack_str(run_id)
 
     def ready_range(self) -> slice:
         return self._ready_range
 
     def expiry(self, expires_us: int, run_id: str) -> bytes:
-        return self._lx + _pack_uint(expires_us) + pack_str(run_id)
+        return self._lx + pack_uint(expires_us) + pack_str(run_id)
 
     def expiry_range(self) -> slice:
         return self._expiry_range

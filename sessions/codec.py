@@ -21,7 +21,7 @@ import cbor2
 import kv
 
 __all__ = [
-    "fastpack", "pack_str", "dumps", "loads", "canonical_dumps", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
+    "fastpack", "pack_str", "pack_uint", "dumps", "loads", "canonical_dumps", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
 ]
 
@@ -132,6 +132,26 @@ def pack_str(part: str) -> bytes:
     return (b"\x02" + b + b"\x00") if 0 not in b else _enc(part)
 
 
+#: Non-negative ints below this pack as the tuple code 0x14 + their byte length, then their
+#: big-endian bytes; from it on (2**64 - 1 included, as FoundationDB's tuple layer does) as a
+#: bignum, which pack_uint leaves to kv.tuple.
+_UINT_INLINE_LIMIT = (1 << 64) - 1
+_UINT_CODES = [bytes((0x14 + n,)) for n in range(9)]
+
+
+def pack_uint(n: int) -> bytes:
+    """The tuple encoding of one non-negative int part (what ``pack_str`` is for a str part).
+    Keys carry microsecond timestamps (~2**51: the ledger's ready and lease-expiry indexes)
+    and sequence numbers past 255 (FIFO, history): through kv.tuple's generic packer they
+    cost ~2% of a submission's instructions (a submit builds three such keys)."""
+    if n < 256 and n >= 0:
+        return _SMALL_INTS[n]
+    if 0 <= n < _UINT_INLINE_LIMIT:
+        size = (n.bit_length() + 7) >> 3
+        return _UINT_CODES[size] + n.to_bytes(size, "big")
+    return _enc(n)
+
+
 def fastpack(prefix: bytes, parts: tuple) -> bytes:
     """``kv.Subspace(raw_prefix=prefix).pack(parts)``, several times faster for str,
     bytes and non-negative int parts (tuple encoding concatenates element by
@@ -145,8 +165,8 @@ def fastpack(prefix: bytes, parts: tuple) -> bytes:
         if t is str:
             b = p.encode()
             out += (b"\x02" + b + b"\x00") if 0 not in b else _enc(p)  # (0: see pack_str)
-        elif t is int and 0 <= p < 256:
-            out += _SMALL_INTS[p]
+        elif t is int and p >= 0:
+            out += _SMALL_INTS[p] if p < 256 else pack_uint(p)
         else:
             out += _enc(p)
     return out

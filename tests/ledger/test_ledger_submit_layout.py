@@ -135,7 +135,7 @@ def test_a_request_with_a_float_or_an_ordered_dict_is_still_canonical():
 
 def test_index_and_queue_keys_are_the_tuple_encoding_of_their_parts():
     """ready/expiry index keys (microsecond timestamps), FIFO and history keys (sequence
-    numbers past 255) and outcome chunk keys pack their int part by hand (ledger.keyspace._pack_uint): the same
+    numbers past 255) and outcome chunk keys pack their int part by hand (sessions.codec.pack_uint): the same
     bytes as the tuple layer, up to and past the 8-byte limit and 2**64 - 1 (a bignum)."""
     import kv
     from ledger.keyspace import LedgerKeyspace

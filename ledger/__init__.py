@@ -24,6 +24,7 @@ Public face::
                                                # when the run queued behind another / id reused
     # claim(..., finalize_exhausted=True): the first claim past max_attempts comes back with
     # lease.exhausted=True so the worker tidies the transcript and settles retry_exhausted itself
+    # (in on_claimed: one commit with the claim)
     lease.run_id, lease.token, lease.attempt, lease.expires_at, lease.owner, lease.conversation
     delivery, schema = await ledger.get_request(lease.run_id)
     await ledger.renew(lease)                                  # LeaseLost if taken over

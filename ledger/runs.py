@@ -78,7 +78,9 @@ POLICIES = ("queue", "reject", "interrupt")
 
 DEFAULT_MAX_ATTEMPTS = 10
 #: With ``claim(finalize_exhausted=True)``, how many claims past ``max_attempts`` are handed to a
-#: worker to finalise an exhausted run (a finaliser can die too) before the ledger settles it itself.
+#: worker to finalise an exhausted run before the ledger settles it itself (the backstop, for a
+#: finaliser that keeps failing; one that finalises in ``on_claimed``, as the loop does, cannot
+#: die half way: its claim and its writes are one commit).
 FINALIZE_CLAIMS = 3
 MAX_MAX_ATTEMPTS = 1_000
 DEFAULT_LEASE_SECONDS = 30.0
@@ -618,8 +620,9 @@ class Ledger:
         ``FINALIZE_CLAIMS`` claims past the bound are instead handed to the worker
         with ``lease.exhausted`` set (no run.started), so it can tidy the
         transcript (e.g. finalise a dangling tool call) and settle
-        ``failed("retry_exhausted")`` itself; only if all of those die too does a
-        later claim settle the run in the ledger as a backstop.
+        ``failed("retry_exhausted")`` itself — best in ``on_claimed``, so that the
+        claim and the finalisation are one commit; only if all of those fail does
+        a later claim settle the run in the ledger as a backstop.
 
         Guarded: the lease carries a nonce chosen before the first attempt; a
         retry (possibly after a 1021 whose commit happened) first checks

@@ -637,6 +637,10 @@ class Runner:
 
     async def _drive(self) -> None:
         if self.claim.lease.exhausted:  # the claim after the last attempt: see Store.submit
+            finished = self.claim.prepared
+            if isinstance(finished, _Finished):  # settled in the claim itself (finish_exhausted_in_claim)
+                self.settled = finished.outcome
+                return
             await self._finish_exhausted()
             return
         await self._begin()
@@ -1222,33 +1226,68 @@ class Runner:
         await self._commit(append=appended, events=lambda seq: self._message_events(seq, appended), extra=extra)
         raise RunStopped("settled")
 
+    @staticmethod
+    async def finish_exhausted_in_claim(store: Any, tr: Any, claim: Claim) -> _Finished:
+        """The exhausted run's finaliser, inside the claiming transaction (``Store.claim(prepare=...)``).
+
+        After ``max_attempts`` the next claim is handed to a worker (``lease.exhausted``)
+        to finalise the run: an ``interrupted`` result (and ``tool.completed``) for every
+        call that was out, then settle ``retry_exhausted``. Made here, all of it commits
+        with the claim: a crash leaves either the claim undone or the run finished. (As a
+        second transaction, a finaliser that died after its claim commit
+        ``ledger.runs.FINALIZE_CLAIMS`` times in a row left the ledger's backstop to
+        settle the run without the results: a call with ``tool.started`` and no result,
+        found by the sim's soak.) Lease-checked by construction (the lease is written in
+        this very transaction) and guarded by the claim's nonce: a retry that finds its
+        committed claim skips this hook and the runner's :meth:`_finish_exhausted` then
+        finds the run settled. The whole context is read here, page by page beyond the
+        first (a context longer than a page is rare; the claim stays one transaction).
+        """
+        run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
+        outcome = _exhausted_outcome(claim)
+        raw = await tr.get(store.loop_keys.state(run_id))
+        if raw is None:  # it never got as far as its first write
+            return _Finished(await store.settle(tr, claim, outcome))
+        state = LoopState.from_bytes(raw)
+        page, head = await store.transcripts.read_tail_for_append_tr(tr, owner, conv, MAX_READ_PAGE)
+        messages: list[dict[str, Any]] = []
+        base = 0
+        if page is not None:
+            messages = [m.data for m in page.messages]
+            base = page.start
+            while page.next_seq is not None:
+                page = await store.transcripts.read_tr(tr, owner, conv, page.next_seq, MAX_READ_PAGE)
+                messages.extend(m.data for m in page.messages)
+        results, events = _exhausted_tidy(run_id, messages, state, base)
+        first_seq = base + len(messages)
+        if results:
+            await store.transcripts.append_tr(tr, owner, conv, results, expected_head=first_seq, head=head)
+        return _Finished(await store.settle(tr, claim, outcome, state=state, events_before=events(first_seq)))
+
     async def _finish_exhausted(self) -> None:
-        """The claim past the last attempt: finalise dangling calls as interrupted, settle retry_exhausted."""
-        n = self.claim.lease.max_attempts
-        outcome = L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
+        """The exhausted run's finaliser when :meth:`finish_exhausted_in_claim` did not run
+        (it failed, and the claim was made again without it; or a retried claim found its
+        own commit): the same tidy-up and settle, in a transaction of their own."""
+        outcome = _exhausted_outcome(self.claim)
         raw, self.messages, _cancel, self.base = await self.store.read_state_and_transcript(
             self.run_id, self.owner, self.conv)
         self.head = self.base + len(self.messages)
         if raw is None:  # it never got as far as its first write
-            await self.store.settle_now(self.claim, outcome)
+            self.settled = await self.store.settle_now(self.claim, outcome)
             raise RunStopped("settled retry_exhausted")
         self.state = LoopState.from_bytes(raw)
-        a = _last_assistant(self.messages, self.state.user_seq - self.base)
-        results = [] if a is None else _dangling_results(self.messages, a, reason="interrupted")
-
-        def events(first_seq: int) -> list[tuple[str, Any]]:
-            out: list[tuple[str, Any]] = []
-            for m in results:
-                p = m["content"][0]
-                out.append((E.TOOL_COMPLETED, {"run_id": self.run_id, "call_id": p["call_id"], "name": p["name"],
-                                               "is_error": True, "reason": "interrupted", "content": p["content"]}))
-            out.extend(self._message_events(first_seq, results))
-            return out
+        results, events = _exhausted_tidy(self.run_id, self.messages, self.state, self.base)
 
         async def extra(tr: Any, s: LoopState) -> None:
             await self._settle_tr(tr, outcome)
 
-        await self._commit(append=results, events=events, extra=extra)
+        try:
+            await self._commit(append=results, events=events, extra=extra)
+        except self.store.LeaseLost:
+            # A retried claim (1021) whose first attempt committed, finaliser and all: the
+            # settle clears the lease. Settling again with it answers the stored outcome if
+            # this lease settled the run, and raises LeaseLost again if someone else did.
+            self.settled = await self.store.settle_now(self.claim, outcome)
         raise RunStopped("settled retry_exhausted")
 
     async def _finish_cancelled(self) -> None:
@@ -1268,6 +1307,42 @@ class Runner:
 
 
 # ---------------------------------------------------------------------- transcript helpers
+
+
+class _Finished:
+    """What :meth:`Runner.finish_exhausted_in_claim` did inside the claim: the run is settled
+    (``outcome``, as stored); the runner has nothing left to do."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        self.outcome = outcome
+
+
+def _exhausted_outcome(claim: Claim) -> dict[str, Any]:
+    n = claim.lease.max_attempts
+    return L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
+
+
+def _exhausted_tidy(
+    run_id: str, messages: Sequence[dict[str, Any]], state: LoopState, base: int
+) -> tuple[list[dict[str, Any]], Callable[[int], list[tuple[str, Any]]]]:
+    """An exhausted run's finalising writes: an ``interrupted`` result for every call of its
+    last answer that has none, and their events (``tool.completed``, ``message.added``) as a
+    function of the first result's sequence number. ``messages`` start at ``base``."""
+    a = _last_assistant(messages, state.user_seq - base)
+    results = [] if a is None else _dangling_results(messages, a, reason="interrupted")
+
+    def events(first_seq: int) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for m in results:
+            p = m["content"][0]
+            out.append((E.TOOL_COMPLETED, {"run_id": run_id, "call_id": p["call_id"], "name": p["name"],
+                                           "is_error": True, "reason": "interrupted", "content": p["content"]}))
+        out.extend(_message_events(run_id, first_seq, results))
+        return out
+
+    return results, events
 
 
 class _Prepared:

@@ -573,6 +573,10 @@ class Runtime:
     # ------------------------------------------------------------------ workers
 
     async def _prepare(self, tr: Any, claim: Claim) -> Any:
+        """The claim hook (``Store.claim(prepare=...)``): a run's first writes, or, for the
+        claim past its last attempt, its whole finalisation, commit with the claim."""
+        if claim.lease.exhausted:
+            return await Runner.finish_exhausted_in_claim(self.store, tr, claim)
         return await Runner.prepare_in_claim(self.store, tr, claim, self._agent_for(claim).name)
 
     async def _claim_loop(self) -> None:

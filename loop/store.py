@@ -244,8 +244,10 @@ class Store:
         Acknowledgement = _runtime().Acknowledgement
         # max_attempts is the bound on attempts at the work. The claim after the last one is
         # handed to a worker as ``lease.exhausted`` (Store.claim passes finalize_exhausted):
-        # the loop settles retry_exhausted itself, finalising dangling tool calls first (the
-        # ledger's own exhaustion, which cannot touch the transcript, stays as a backstop).
+        # the loop settles retry_exhausted itself, finalising dangling tool calls first, in
+        # the claiming transaction (Runner.finish_exhausted_in_claim). The ledger's own
+        # exhaustion, which cannot touch the transcript, stays as a backstop for a finaliser
+        # that fails every time.
         ack = await self.ledger.submit(submission_id, delivery, schema, owner=owner, conversation=conv,
                                        policy=policy, limits=limits, max_attempts=self.max_attempts)  # type: ignore[arg-type]
         return Acknowledgement(ack.submission_id, ack.run_id, ack.cursor, ack.status, conv,
@@ -313,10 +315,12 @@ class Store:
         """Claim the next runnable run (the ledger's claim: guarded by its nonce).
 
         The submission's request is read inside the claiming transaction (no
-        second read-only transaction), and ``prepare(tr, claim)`` — when given
-        and the claim is not the exhausted-run finaliser — runs there too, so
-        the run's first writes (user message, loop state) commit with the
-        claim itself.  Its result becomes ``claim.prepared``.  A ``prepare``
+        second read-only transaction), and ``prepare(tr, claim)``, when given,
+        runs there too, so the run's first writes (user message, loop state)
+        commit with the claim itself; for the exhausted-run finaliser
+        (``claim.lease.exhausted``) it makes the finalising writes and the
+        settle there instead (see ``Runner.finish_exhausted_in_claim``).  Its
+        result becomes ``claim.prepared``.  A ``prepare``
         that raises anything but a storage error aborts that whole transaction
         (nothing of it commits) and the claim is made again without it: the
         runner's ordinary path then meets (and reports) the same problem.
@@ -325,7 +329,7 @@ class Store:
         async def on_claimed(tr: Any, lease: L.Lease) -> Claim:
             delivery, schema = await self.ledger.request_tr(tr, lease)
             claim = self._claim_of(lease, delivery, schema)
-            if prepare is not None and not lease.exhausted:
+            if prepare is not None:
                 try:
                     claim.prepared = await prepare(tr, claim)
                 except (kv.KVError, L.LeaseLost):
@@ -355,9 +359,10 @@ class Store:
         return Claim(lease.run_id, lease.owner, lease.conversation, lease.attempt, delivery, schema, lease,
                      dict(limits or {}))
 
-    async def settle_now(self, claim: Claim, outcome: Mapping[str, Any]) -> None:
-        """Settle in a transaction of its own (idempotent with the same lease)."""
-        await self.ledger.settle(claim.lease, outcome)
+    async def settle_now(self, claim: Claim, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """Settle in a transaction of its own (idempotent with the same lease: settling again
+        answers the outcome as stored). Returns the outcome as stored."""
+        return await self.ledger.settle(claim.lease, outcome)
 
     # The adapters a runner's every commit awaits return the ledger's coroutine itself rather
     # than wrapping it in one of their own (``await store.check_lease(...)`` alike; one

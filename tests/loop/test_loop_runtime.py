@@ -520,6 +520,92 @@ async def test_retry_exhausted_after_repeated_crashes(tmp_path):
         assert (await rt.get_run(run_id)).attempt == 2
 
 
+async def _exhaust_with_a_call_out(url: str, conv: str) -> tuple[Agent, str]:
+    """A run (max_attempts=1) whose only attempt started a tool call and then 'crashed' (its
+    runtime closed without releasing): the next claim is the exhausted run's finaliser."""
+
+    @tool
+    async def hang() -> str:
+        """Never returns."""
+        await trio.sleep_forever()
+
+    agent = Agent("x", model=ScriptedModel(lambda m, t: reply("", tool_call("hang"))), tools=[hang])
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2, release_on_shutdown=False) as rt:
+        rt.register(agent)
+        run_id = (await rt.submit(agent, conv, "go")).run_id
+        async for ev in rt.events(conv):
+            if ev.type == "tool.started":
+                break
+    return agent, run_id
+
+
+def _finalised_once(msgs: list[dict], events: list) -> None:
+    """Every call has exactly one result (interrupted), journaled as tool.completed and
+    message.added in the very commit that journaled run.failed (the journal position's
+    first 8 bytes are its commit version)."""
+    from sessions.journal import decode_cursor
+
+    calls = [p["id"] for m in msgs for p in M.tool_calls_of(m)]
+    results = [m["content"][0] for m in msgs if m["role"] == "tool"]
+    assert calls and sorted(calls) == sorted(r["call_id"] for r in results)
+    assert all(r["reason"] == "interrupted" for r in results)
+    tail = [e for e in events if e.type in ("tool.completed", "run.failed")
+            or (e.type == "message.added" and e.data["role"] == "tool")]
+    assert [e.type for e in tail] == ["tool.completed", "message.added", "run.failed"]
+    assert len({decode_cursor(e.cursor)[:8] for e in tail}) == 1
+
+
+async def test_the_exhausted_run_finaliser_commits_with_its_claim(tmp_path):
+    """The claim past the last attempt finalises the run (an interrupted result for the call
+    that was out, tool.completed, retry_exhausted) in the claiming transaction itself: once
+    that claim has committed, the run is already settled with its transcript tidied, so a
+    finaliser process that dies right after its claim leaves nothing half done. (As two
+    commits, the sim's soak found runs where every finaliser died in between and the ledger's
+    backstop settled the run with the call left without a result: test_sim_known_bugs.)"""
+    url = f"lmdb:{tmp_path / 'd'}"
+    agent, run_id = await _exhaust_with_a_call_out(url, "cx")
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2) as rt:
+        rt.register(agent)
+        at_claim = []
+        claim = rt.store.claim
+
+        async def watching_claim(worker, prepare=None):
+            c = await claim(worker, prepare)
+            if c is not None and c.lease.exhausted:  # committed; the runner has not run yet
+                info = await rt.store.ledger.get_run(c.run_id)
+                at_claim.append((info.state, [m["role"] for m in await rt.transcript("cx")]))
+            return c
+
+        rt.store.claim = watching_claim
+        out = await rt.wait(await rt.submit(agent, "cx", "go", submission_id=(await rt.get_run(run_id)).submission_id))
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        assert at_claim == [("failed", ["user", "assistant", "tool"])]
+        _finalised_once(await rt.transcript("cx"), (await rt.read_events("cx", limit=1000)).events)
+
+
+async def test_an_exhausted_run_finaliser_failing_in_its_claim_finalises_in_a_commit_of_its_own(tmp_path, monkeypatch):
+    """A finaliser that raises inside the claim aborts that transaction (nothing of it
+    commits); the claim is made again without it and the runner finalises the run in a
+    transaction of its own: the same result, the same events, the same outcome."""
+    from loop.runner import Runner
+
+    url = f"lmdb:{tmp_path / 'd'}"
+    agent, run_id = await _exhaust_with_a_call_out(url, "cy")
+    failed = []
+
+    async def broken_finaliser(store, tr, claim):
+        failed.append(claim.run_id)
+        raise RuntimeError("finaliser bug")
+
+    monkeypatch.setattr(Runner, "finish_exhausted_in_claim", staticmethod(broken_finaliser))
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2) as rt:
+        rt.register(agent)
+        out = await rt.wait(await rt.submit(agent, "cy", "go", submission_id=(await rt.get_run(run_id)).submission_id))
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        assert failed == [run_id]
+        _finalised_once(await rt.transcript("cy"), (await rt.read_events("cy", limit=1000)).events)
+
+
 async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
     """Two runtimes on one engine (two processes): A stalls past its lease, B takes the run
     over; A's next write fails (LeaseLost) and A stops; the tool A started is reported as

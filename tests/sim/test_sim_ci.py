@@ -15,7 +15,7 @@ from sim.session import all_scenarios, run_session
 # ("*" matches any scenario: a provider overflow can compact any tool-using run in random mode.)
 # ("exhaustion", "transcript_tool_results"): all FINALIZE_CLAIMS finalisers die after their claim
 # (test_sim_known_bugs, docs/loop.md "Known gap"; ~0.1% of exhaustion runs under BUGGIFY).
-KNOWN_BUGS: set[tuple[str, str]] = {("exhaustion", "transcript_tool_results")}  # (scenario or "*", invariant) of bugs still open
+KNOWN_BUGS: set[tuple[str, str]] = set()  # (scenario or "*", invariant) of bugs still open
 CI_SEED = 20_261_129
 CI_RANDOM_RUNS = 120
 CI_TIME_BUDGET_SECONDS = 150.0

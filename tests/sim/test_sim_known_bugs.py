@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from sim.session import all_scenarios, run_session
 
 
@@ -64,20 +62,17 @@ def test_an_exhausted_run_whose_last_attempt_also_dies_leaves_no_dangling_call()
     assert "transcript_tool_results" not in summary.invariant_failures, [f.command for f in summary.failures]
 
 
-# Open (session 12): the probabilistic fix above narrowed this, it did not close it.
+# Found by the session-12 soak; the probabilistic fix above narrowed this, it did not close it.
 EXHAUSTED_FINALISERS_ALL_DIE_SEEDS = (20170, 77374, 92830, 101965)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: the exhausted-run finaliser's claim and its tidy-up are two "
-                                       "commits; see docs/loop.md 'Known gap'")
 def test_an_exhausted_run_whose_finalisers_all_die_after_their_claim_leaves_no_dangling_call():
     """Found by a 1,800 s soak, ``surefoot sim --scenario exhaustion --seed 20170 --buggify`` (and the
     other seeds here; transcript_tool_results, promise 3): each of the ``FINALIZE_CLAIMS`` (3) finalising
-    claims commits and its process dies before the tidy-up commit, so the ledger's backstop settles the
-    run and the call that was out keeps ``tool.started`` with no result. Fails identically on the code of
-    session 11. The fix it points to: the finaliser's tidy-up and settle in the claiming transaction
-    (as ``Runner.prepare_in_claim`` does for a run's first writes). When it lands, drop the xfail and the
-    KNOWN_BUGS entry in test_sim_ci.py."""
+    claims committed and its process died before the tidy-up commit, so the ledger's backstop settled the
+    run and the call that was out kept ``tool.started`` with no result. Fixed in session 13: the
+    finaliser's tidy-up and settle commit inside the claiming transaction
+    (``Runner.finish_exhausted_in_claim``), so a crash leaves either no claim or the finished run."""
     from sim.harness import random_plan, run_once
 
     factory = all_scenarios()["exhaustion"]

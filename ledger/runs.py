@@ -693,9 +693,10 @@ class Ledger:
             exhausted = attempt > run["max_attempts"]
             if exhausted and not (finalize_exhausted and attempt <= run["max_attempts"] + FINALIZE_CLAIMS):
                 run["attempt"] = run["max_attempts"]
-                await self._finish_tr(tr, run, failed(
-                    "retry_exhausted", f"run gave up after {run['max_attempts']} attempts",
-                    attempts=run["max_attempts"]))
+                # An acknowledged cancel ends the run cancelled, however it ends (promise 7).
+                await self._finish_tr(tr, run, cancelled("cancel requested") if await self.is_cancel_requested(
+                    tr, run_id) else failed("retry_exhausted", f"run gave up after {run['max_attempts']} attempts",
+                                            attempts=run["max_attempts"]))
                 return _SKIP
             token = run["claims"] + 1
             expires_at = now + lease_seconds

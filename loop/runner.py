@@ -1244,10 +1244,10 @@ class Runner:
         first (a context longer than a page is rare; the claim stays one transaction).
         """
         run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
-        outcome = _exhausted_outcome(claim)
+        cancel = await store.cancel_requested(tr, run_id)
         raw = await tr.get(store.loop_keys.state(run_id))
         if raw is None:  # it never got as far as its first write
-            return _Finished(await store.settle(tr, claim, outcome))
+            return _Finished(await store.settle(tr, claim, _exhausted_outcome(claim, cancel)))
         state = LoopState.from_bytes(raw)
         page, head = await store.transcripts.read_tail_for_append_tr(tr, owner, conv, MAX_READ_PAGE)
         messages: list[dict[str, Any]] = []
@@ -1258,28 +1258,30 @@ class Runner:
             while page.next_seq is not None:
                 page = await store.transcripts.read_tr(tr, owner, conv, page.next_seq, MAX_READ_PAGE)
                 messages.extend(m.data for m in page.messages)
-        results, events = _exhausted_tidy(run_id, messages, state, base)
+        results, events = _exhausted_tidy(run_id, messages, state, base, cancel)
         first_seq = base + len(messages)
         if results:
             await store.transcripts.append_tr(tr, owner, conv, results, expected_head=first_seq, head=head)
-        return _Finished(await store.settle(tr, claim, outcome, state=state, events_before=events(first_seq)))
+        return _Finished(await store.settle(tr, claim, _exhausted_outcome(claim, cancel), state=state,
+                                            events_before=events(first_seq)))
 
     async def _finish_exhausted(self) -> None:
         """The exhausted run's finaliser when :meth:`finish_exhausted_in_claim` did not run
         (it failed, and the claim was made again without it; or a retried claim found its
         own commit): the same tidy-up and settle, in a transaction of their own."""
-        outcome = _exhausted_outcome(self.claim)
-        raw, self.messages, _cancel, self.base = await self.store.read_state_and_transcript(
+        raw, self.messages, cancel, self.base = await self.store.read_state_and_transcript(
             self.run_id, self.owner, self.conv)
+        outcome = _exhausted_outcome(self.claim, cancel)
         self.head = self.base + len(self.messages)
         if raw is None:  # it never got as far as its first write
             self.settled = await self.store.settle_now(self.claim, outcome)
             raise RunStopped("settled retry_exhausted")
         self.state = LoopState.from_bytes(raw)
-        results, events = _exhausted_tidy(self.run_id, self.messages, self.state, self.base)
+        results, events = _exhausted_tidy(self.run_id, self.messages, self.state, self.base, cancel)
 
         async def extra(tr: Any, s: LoopState) -> None:
-            await self._settle_tr(tr, outcome)
+            # (a cancel committed since the read above: the results say interrupted, the run cancelled)
+            await self._settle_tr(tr, _exhausted_outcome(self.claim, cancel or self._txn_cancel))
 
         try:
             await self._commit(append=results, events=events, extra=extra)
@@ -1294,9 +1296,7 @@ class Runner:
         st = self.state
         assert st is not None
         a = _last_assistant(self.messages, st.user_seq - self.base)
-        results = _dangling_results(self.messages, a if a is not None else len(self.messages), reason="cancelled",
-                                    text="The run was cancelled before this call ran.", started=st.calls,
-                                    started_text="The run was cancelled while this call ran; it may have taken effect.")
+        results = _cancelled_results(self.messages, a if a is not None else len(self.messages), st)
         outcome = L.cancelled("cancel requested")
 
         async def extra(tr: Any, s: LoopState) -> None:
@@ -1319,18 +1319,27 @@ class _Finished:
         self.outcome = outcome
 
 
-def _exhausted_outcome(claim: Claim) -> dict[str, Any]:
+def _exhausted_outcome(claim: Claim, cancel: bool) -> dict[str, Any]:
+    """An exhausted run's outcome: ``retry_exhausted``, or ``cancelled`` when a cancel was
+    requested (an acknowledged cancel ends the run cancelled, DESIGN promise 7, even when every
+    attempt to finalise it died)."""
+    if cancel:
+        return L.cancelled("cancel requested")
     n = claim.lease.max_attempts
     return L.failed("retry_exhausted", f"run gave up after {n} attempts", attempts=n)
 
 
 def _exhausted_tidy(
-    run_id: str, messages: Sequence[dict[str, Any]], state: LoopState, base: int
+    run_id: str, messages: Sequence[dict[str, Any]], state: LoopState, base: int, cancel: bool
 ) -> tuple[list[dict[str, Any]], Callable[[int], list[tuple[str, Any]]]]:
-    """An exhausted run's finalising writes: an ``interrupted`` result for every call of its
-    last answer that has none, and their events (``tool.completed``, ``message.added``) as a
-    function of the first result's sequence number. ``messages`` start at ``base``."""
+    """An exhausted run's finalising writes: an error result for every call of its last
+    answer that has none, and their events as a function of the first result's sequence
+    number (``messages`` start at ``base``). ``interrupted`` results with ``tool.completed``;
+    with a cancel requested, the results :meth:`Runner._finish_cancelled` would write."""
     a = _last_assistant(messages, state.user_seq - base)
+    if cancel:
+        results = [] if a is None else _cancelled_results(messages, a, state)
+        return results, lambda first_seq: _message_events(run_id, first_seq, results)
     results = [] if a is None else _dangling_results(messages, a, reason="interrupted")
 
     def events(first_seq: int) -> list[tuple[str, Any]]:
@@ -1431,6 +1440,14 @@ def _answered(messages: Sequence[dict[str, Any]], a: int) -> set[str]:
                 if p.get("type") == "tool_result":
                     out.add(p["call_id"])
     return out
+
+
+def _cancelled_results(messages: Sequence[dict[str, Any]], start: int, state: LoopState) -> list[dict[str, Any]]:
+    """A cancelled run's results for its calls from ``start`` on that have none: ``cancelled``,
+    saying whether the call had started (it may have taken effect) or never ran."""
+    return _dangling_results(messages, start, reason="cancelled", text="The run was cancelled before this call ran.",
+                             started=state.calls,
+                             started_text="The run was cancelled while this call ran; it may have taken effect.")
 
 
 def _dangling_results(

@@ -343,6 +343,21 @@ async def test_finalize_exhausted_hands_the_last_claim_to_the_worker(db, clock):
     assert (await L.get_run(b.run_id)).outcome["error"]["type"] == "retry_exhausted"
 
 
+async def test_an_exhausted_run_with_a_cancel_requested_ends_cancelled(db, clock):
+    """An acknowledged cancel ends the run cancelled (promise 7) even when every attempt died
+    and the ledger's backstop is what settles it: cancelled, not retry_exhausted."""
+    s, L = make(db, clock)
+    ack = await L.submit("k", {}, None, owner=OWNER, conversation="c", max_attempts=1)
+    await L.claim("w", lease_seconds=1)
+    assert await L.cancel(ack.run_id) == RUNNING  # recorded; the worker would see it at a boundary
+    clock.advance(2)  # ... but it died
+    assert await L.claim("w", lease_seconds=1) is None  # past max_attempts: settled in the claim
+    info = await L.get_run(ack.run_id)
+    assert info.state == CANCELLED and info.outcome["status"] == CANCELLED
+    types = [e.type for e in (await s.journal.read(OWNER, "c")).events]
+    assert types[-1] == events.RUN_CANCELLED and events.RUN_FAILED not in types
+
+
 async def test_submit_and_claim_leases_a_runnable_run_in_the_submitting_commit(db, clock):
     s, L = make(db, clock)
     seen = []

@@ -530,7 +530,9 @@ async def _exhaust_with_a_call_out(url: str, conv: str) -> tuple[Agent, str]:
         await trio.sleep_forever()
 
     agent = Agent("x", model=ScriptedModel(lambda m, t: reply("", tool_call("hang"))), tools=[hang])
-    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2, release_on_shutdown=False) as rt:
+    # (a lease long enough that this runtime's keeper never lets it lapse on a loaded machine: its
+    # own worker would then finalise the run; the next runtime waits this long for the takeover)
+    async with Runtime.open(url, max_attempts=1, lease_seconds=1.0, release_on_shutdown=False) as rt:
         rt.register(agent)
         run_id = (await rt.submit(agent, conv, "go")).run_id
         async for ev in rt.events(conv):
@@ -555,7 +557,7 @@ def _finalised_once(msgs: list[dict], events: list) -> None:
     assert len({decode_cursor(e.cursor)[:8] for e in tail}) == 1
 
 
-async def test_the_exhausted_run_finaliser_commits_with_its_claim(tmp_path):
+async def test_the_exhausted_run_finaliser_commits_with_its_claim(tmp_path, monkeypatch):
     """The claim past the last attempt finalises the run (an interrupted result for the call
     that was out, tool.completed, retry_exhausted) in the claiming transaction itself: once
     that claim has committed, the run is already settled with its transcript tidied, so a
@@ -564,21 +566,26 @@ async def test_the_exhausted_run_finaliser_commits_with_its_claim(tmp_path):
     backstop settled the run with the call left without a result: test_sim_known_bugs.)"""
     url = f"lmdb:{tmp_path / 'd'}"
     agent, run_id = await _exhaust_with_a_call_out(url, "cx")
+    from loop.store import Store
+
+    at_claim = []
+    claim = Store.claim
+
+    async def watching_claim(self, worker, prepare=None):
+        c = await claim(self, worker, prepare)
+        if c is not None and c.lease.exhausted:  # committed; the runner has not run yet
+            info = await self.ledger.get_run(c.run_id)
+            at_claim.append((info.state, [m["role"] for m in await self.read_transcript(c.owner, c.conversation)]))
+        return c
+
+    monkeypatch.setattr(Store, "claim", watching_claim)
     async with Runtime.open(url, max_attempts=1, lease_seconds=0.2) as rt:
         rt.register(agent)
-        at_claim = []
-        claim = rt.store.claim
-
-        async def watching_claim(worker, prepare=None):
-            c = await claim(worker, prepare)
-            if c is not None and c.lease.exhausted:  # committed; the runner has not run yet
-                info = await rt.store.ledger.get_run(c.run_id)
-                at_claim.append((info.state, [m["role"] for m in await rt.transcript("cx")]))
-            return c
-
-        rt.store.claim = watching_claim
         out = await rt.wait(await rt.submit(agent, "cx", "go", submission_id=(await rt.get_run(run_id)).submission_id))
         assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        with trio.fail_after(10):  # (the settle commit may wake the wait before the claim returns)
+            while not at_claim:
+                await trio.sleep(0.01)
         assert at_claim == [("failed", ["user", "assistant", "tool"])]
         _finalised_once(await rt.transcript("cx"), (await rt.read_events("cx", limit=1000)).events)
 
@@ -604,6 +611,24 @@ async def test_an_exhausted_run_finaliser_failing_in_its_claim_finalises_in_a_co
         assert out.status == "failed" and out.error["type"] == "retry_exhausted"
         assert failed == [run_id]
         _finalised_once(await rt.transcript("cy"), (await rt.read_events("cy", limit=1000)).events)
+
+
+async def test_an_exhausted_run_with_a_cancel_requested_ends_cancelled(tmp_path):
+    """A cancel acknowledged while the run's process was dying ends the run cancelled (promise
+    7), also when the claim that finds it is the exhausted run's finaliser: the call that was
+    out gets the cancelled result saying it may have taken effect, the outcome is cancelled."""
+    url = f"lmdb:{tmp_path / 'd'}"
+    agent, run_id = await _exhaust_with_a_call_out(url, "cz")
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2, workers=0) as rt:
+        assert (await rt.cancel(run_id)).status == "running"  # recorded; nobody drives it
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2, agents=[agent]) as rt:
+        out = await rt.wait(await rt.submit(agent, "cz", "go", submission_id=(await rt.get_run(run_id)).submission_id))
+        assert out.status == "cancelled"
+        msgs = await rt.transcript("cz")
+        results = [m["content"][0] for m in msgs if m["role"] == "tool"]
+        assert [r["reason"] for r in results] == ["cancelled"] and "may have taken effect" in str(results[0]["content"])
+        types = [e.type for e in (await rt.read_events("cz", limit=1000)).events]
+        assert types[-1] == "run.cancelled" and "run.failed" not in types
 
 
 async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():

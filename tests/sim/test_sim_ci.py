@@ -13,8 +13,6 @@ from sim.session import all_scenarios, run_session
 # (scenario, invariant) pairs that fail today because of a bug in another package, each pinned by a
 # strict xfail in test_sim_known_bugs.py; anything else failing here is a new finding.
 # ("*" matches any scenario: a provider overflow can compact any tool-using run in random mode.)
-# ("exhaustion", "transcript_tool_results"): all FINALIZE_CLAIMS finalisers die after their claim
-# (test_sim_known_bugs, docs/loop.md "Known gap"; ~0.1% of exhaustion runs under BUGGIFY).
 KNOWN_BUGS: set[tuple[str, str]] = set()  # (scenario or "*", invariant) of bugs still open
 CI_SEED = 20_261_129
 CI_RANDOM_RUNS = 120

@@ -1302,7 +1302,8 @@ class Runner:
         async def extra(tr: Any, s: LoopState) -> None:
             await self._settle_tr(tr, outcome)
 
-        await self._commit(append=results, events=lambda seq: self._message_events(seq, results), extra=extra)
+        await self._commit(append=results, events=lambda seq: _cancelled_events(self.run_id, seq, results, st),
+                           extra=extra)
         raise RunStopped("settled cancelled")
 
 
@@ -1339,19 +1340,33 @@ def _exhausted_tidy(
     a = _last_assistant(messages, state.user_seq - base)
     if cancel:
         results = [] if a is None else _cancelled_results(messages, a, state)
-        return results, lambda first_seq: _message_events(run_id, first_seq, results)
+        return results, lambda first_seq: _cancelled_events(run_id, first_seq, results, state)
     results = [] if a is None else _dangling_results(messages, a, reason="interrupted")
 
     def events(first_seq: int) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for m in results:
-            p = m["content"][0]
-            out.append((E.TOOL_COMPLETED, {"run_id": run_id, "call_id": p["call_id"], "name": p["name"],
-                                           "is_error": True, "reason": "interrupted", "content": p["content"]}))
-        out.extend(_message_events(run_id, first_seq, results))
-        return out
+        return _completed_events(run_id, results) + _message_events(run_id, first_seq, results)
 
     return results, events
+
+
+def _completed_events(run_id: str, results: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """``tool.completed`` for synthetic error results (one result part per message)."""
+    out: list[tuple[str, Any]] = []
+    for m in results:
+        p = m["content"][0]
+        out.append((E.TOOL_COMPLETED, {"run_id": run_id, "call_id": p["call_id"], "name": p["name"],
+                                       "is_error": True, "reason": p.get("reason"), "content": p["content"]}))
+    return out
+
+
+def _cancelled_events(run_id: str, first_seq: int, results: Sequence[dict[str, Any]],
+                      state: LoopState) -> list[tuple[str, Any]]:
+    """A cancelled run's results' events: ``tool.completed`` for the calls whose
+    ``tool.started`` was journaled (a follower then sees every started call end), and
+    ``message.added`` for all of them."""
+    started = [m for m in results
+               if (state.calls.get(m["content"][0]["call_id"]) or {}).get("state") == CALL_STARTED]
+    return _completed_events(run_id, started) + _message_events(run_id, first_seq, results)
 
 
 class _Prepared:

@@ -627,8 +627,13 @@ async def test_an_exhausted_run_with_a_cancel_requested_ends_cancelled(tmp_path)
         msgs = await rt.transcript("cz")
         results = [m["content"][0] for m in msgs if m["role"] == "tool"]
         assert [r["reason"] for r in results] == ["cancelled"] and "may have taken effect" in str(results[0]["content"])
-        types = [e.type for e in (await rt.read_events("cz", limit=1000)).events]
+        events = (await rt.read_events("cz", limit=1000)).events
+        types = [e.type for e in events]
         assert types[-1] == "run.cancelled" and "run.failed" not in types
+        # the started call's end is journaled too (a follower sees every tool.started end)
+        done = [e.data for e in events if e.type == "tool.completed"]
+        started = [e.data["call_id"] for e in events if e.type == "tool.started"]
+        assert [(d["call_id"], d["reason"]) for d in done] == [(started[0], "cancelled")]
 
 
 async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():

@@ -14,7 +14,13 @@ exhaustive crash runs' prefixes cost nothing: the ceiling of any prefix-sharing 
 runs that can be resumed from a snapshot, sim.resume, run no prefix — ``resumed_runs`` counts them
 per mode; what is left is the two-process scenarios'.)
 
-    python tests/bench/bench_sim.py [--random-runs N] [--seed S]
+    python tests/bench/bench_sim.py [--random-runs N] [--seed S] [--exhaustive-scenario NAME ...]
+
+``--exhaustive-scenario`` (repeatable) limits the exhaustive session to those scenarios: a small
+fixed workload for deterministic instruction counts (docs/sim.md, session 13: approval,
+two-runtimes, kv-cycle and mix exhaustively with ``--random-runs 21``, under
+``PYTHONHASHSEED=0 valgrind --tool=cachegrind --cache-sim=no``).  The figures of such a run are
+not the benchmark's.
 """
 
 from __future__ import annotations
@@ -35,9 +41,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--random-runs", type=int, default=100)
+    ap.add_argument("--exhaustive-scenario", action="append", default=[],
+                    help="run only these scenarios exhaustively (repeatable; default: all)")
     a = ap.parse_args()
     names = sorted(all_scenarios())
-    ex = run_session(names, a.seed, exhaustive_mode=True)
+    unknown = set(a.exhaustive_scenario) - set(names)
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    ex = run_session(sorted(a.exhaustive_scenario) or names, a.seed, exhaustive_mode=True)
     rnd = run_session(names, a.seed, runs=a.random_runs)
     cycles = ex.runs + rnd.runs
     fig = {

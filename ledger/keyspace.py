@@ -171,6 +171,10 @@ class LedgerKeyspace:
     def ready_range(self) -> slice:
         return self._ready_range
 
+    def lease_range(self) -> slice:
+        """Every run's lease key (``("rl", run_id)``): for tools that watch leases (the sim's faults)."""
+        return self.base.range(("rl",))
+
     def expiry(self, expires_us: int, run_id: str) -> bytes:
         return self._lx + pack_uint(expires_us) + pack_str(run_id)
 

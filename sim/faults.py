@@ -22,8 +22,11 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import cbor2
+
 import kv
 from kv.engine import CommitRequest, FaultHooks
+from ledger.keyspace import LedgerKeyspace
 
 if TYPE_CHECKING:
     from .world import World
@@ -34,6 +37,16 @@ BUGGIFY_ENABLE = 0.25
 BUGGIFY_FIRE = 0.25
 # A process that keeps crashing must still make progress: random-mode crashes stop after this many.
 MAX_RANDOM_CRASHES = 4
+# A poison run (random mode, BUGGIFY site ``crash.poison_run``): once the site picks a run as its
+# lease is written, every process that writes that run's lease (claims it, renews it) dies right
+# after the commit, as a run that runs its worker out of memory does, up to this many times
+# (then the run is processed normally). Independent random crashes almost never chain so:
+# session 12's soak needed ~1,000 exhaustion runs to meet every exhausted-run finaliser dying
+# right after its claim (ledger.runs.FINALIZE_CLAIMS = 3 in a row, after max_attempts = 3).
+# Above max_attempts + FINALIZE_CLAIMS of the scenarios that exhaust a run (3 + 3).
+MAX_POISON_CRASHES = 8
+# The runtimes' lease keys (the default root: every simulated runtime uses it).
+_LEASES = LedgerKeyspace().lease_range()
 
 assert 0 < BUGGIFY_ENABLE <= 1 and 0 < BUGGIFY_FIRE <= 1
 
@@ -121,6 +134,8 @@ class SimHooks(FaultHooks):
     def __init__(self, world: "World") -> None:
         self.world = world
         self.random_crashes = 0
+        self.poison: bytes | None = None  # crash.poison_run: the poisoned run's lease key
+        self.poison_crashes = 0
 
     def _proc(self, tr: Any) -> Any:
         return getattr(tr.db, "process", None)
@@ -183,12 +198,32 @@ class SimHooks(FaultHooks):
             world.fault("crash.after_commit", k)
             proc.kill(f"after write {k}")
             return True
+        if plan.crash_rate and self.poison_crashes < MAX_POISON_CRASHES and self._poisoned(tr):
+            self.poison_crashes += 1
+            world.fault("crash.poison_run", k)
+            proc.kill(f"after write {k} (poison run)")
+            return True
         if (plan.crash_rate and self.random_crashes < MAX_RANDOM_CRASHES
                 and world.buggify("crash.after_commit", plan.crash_rate)):
             self.random_crashes += 1
             world.fault("crash.after_commit", k)
             proc.kill(f"after write {k}")
             return True
+        return False
+
+    def _poisoned(self, tr: Any) -> bool:
+        """Whether ``tr`` wrote the poisoned run's lease (picking that run first, if none is yet:
+        only a run being taken over, its lease token past 1, as the run that killed one worker
+        goes on to kill the next — so that the run has got somewhere before the poison strikes)."""
+        start, stop = _LEASES.start, _LEASES.stop
+        for m in tr._mutations:
+            if m[0] != "set" or not start <= m[1] < stop:
+                continue
+            if (self.poison is None and cbor2.loads(m[2]).get("token", 0) > 1
+                    and self.world.buggify("crash.poison_run")):
+                self.poison = m[1]
+            if m[1] == self.poison:
+                return True
         return False
 
     def before_apply(self, version: int, batch: list[CommitRequest]) -> None:

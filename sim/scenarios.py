@@ -811,8 +811,14 @@ class ForkTurns(RuntimeScenario):
             await self._settle_all("settle before the fork")
             st.phase = "fork"
         if st.phase == "fork":
-            new = await self.call(lambda app: app.rt.fork("c1", 2, new_conversation="c1-fork"), st=st)
-            self.forks.append(("c1", new, 2))
+            async def fork(app: Any) -> tuple[Any, int]:
+                # At the first answer; short of it when the turn failed (a run that random
+                # crashes and a poison run exhausted ends retry_exhausted, its answer never written).
+                at = min(2, len(await app.rt.transcript("c1")))
+                return await app.rt.fork("c1", at, new_conversation="c1-fork"), at
+
+            new, at = await self.call(fork, st=st)
+            self.forks.append(("c1", new, at))
             self.turns.append(Turn(new, "plain", "s2"))
             st.phase = "turn"
         if st.phase == "turn":

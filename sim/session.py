@@ -62,7 +62,9 @@ class Summary:
     def add(self, r: RunResult) -> None:
         self.runs += 1
         # a crash point: an exact one (exhaustive) or a random one (BUGGIFY), each followed by recovery
-        self.crash_points += r.faults.get("crash.before_commit", 0) + r.faults.get("crash.after_commit", 0)
+        faults = r.faults
+        self.crash_points += (faults.get("crash.before_commit", 0) + faults.get("crash.after_commit", 0)
+                              + faults.get("crash.poison_run", 0))
         for k, v in r.faults.items():
             self.faults[k] = self.faults.get(k, 0) + v
         self.checks += r.checks

@@ -47,6 +47,22 @@ def test_recovery_that_reruns_a_dangling_tool_is_caught(monkeypatch):
     _assert_bites(_search(monkeypatch, "tool"), "tool_at_most_once", "tool")
 
 
+def test_an_exhausted_run_finalised_apart_from_its_claim_is_caught(monkeypatch):
+    """The exhausted run's finaliser writing in a commit of its own after its claim (as before
+    session 13, when session 12's soak met it once in ~1,000 exhaustion runs): a poison run
+    (BUGGIFY ``crash.poison_run``) kills every finaliser right after its claim, and the ledger's
+    backstop settles the run with the call that was out left without a result."""
+
+    async def finalise_apart(store, tr, claim):  # the claim is made again without it: see Store.claim
+        raise RuntimeError("planted: finalise in a commit of its own")
+
+    monkeypatch.setattr(loop.runner.Runner, "finish_exhausted_in_claim", staticmethod(finalise_apart))
+    _assert_bites(run_session(["exhaustion"], SEED, runs=80, max_failures=50), "transcript_tool_results", "exhaustion")
+    monkeypatch.undo()
+    summary = run_session(["exhaustion"], SEED, runs=80, max_failures=50)
+    assert summary.ok and summary.faults.get("crash.poison_run", 0) >= 20, (summary.invariant_failures, summary.faults)
+
+
 def test_a_skipped_submission_hash_check_is_caught(monkeypatch, break_submission_hash):
     _assert_bites(_search(monkeypatch, "duplicate"), "submission_conflict", "duplicate")
 

@@ -590,6 +590,20 @@ async def test_the_exhausted_run_finaliser_commits_with_its_claim(tmp_path, monk
         _finalised_once(await rt.transcript("cx"), (await rt.read_events("cx", limit=1000)).events)
 
 
+async def test_the_exhausted_run_finaliser_reads_a_context_longer_than_a_page(tmp_path, monkeypatch):
+    """The finaliser reads the whole context inside the claim, page after page (a page here is
+    one message, so the two-message context takes two reads): the call is found and answered."""
+    import loop.runner
+
+    url = f"lmdb:{tmp_path / 'd'}"
+    agent, run_id = await _exhaust_with_a_call_out(url, "cp")
+    monkeypatch.setattr(loop.runner, "MAX_READ_PAGE", 1)
+    async with Runtime.open(url, max_attempts=1, lease_seconds=0.2, agents=[agent]) as rt:
+        out = await rt.wait(await rt.submit(agent, "cp", "go", submission_id=(await rt.get_run(run_id)).submission_id))
+        assert out.status == "failed" and out.error["type"] == "retry_exhausted"
+        _finalised_once(await rt.transcript("cp"), (await rt.read_events("cp", limit=1000)).events)
+
+
 async def test_an_exhausted_run_finaliser_failing_in_its_claim_finalises_in_a_commit_of_its_own(tmp_path, monkeypatch):
     """A finaliser that raises inside the claim aborts that transaction (nothing of it
     commits); the claim is made again without it and the runner finalises the run in a

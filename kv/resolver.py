@@ -59,6 +59,19 @@ def is_point(begin: bytes, end: bytes) -> bool:
     return len(end) == len(begin) + 1 and end[-1] == 0 and end.startswith(begin)
 
 
+def _written_in(points: dict[bytes, int], sorted_keys: SortedList, pending: dict[bytes, None],
+                begin: bytes, end: bytes, read_version: int) -> bool:
+    """Whether one generation wrote a key in [begin, end) after ``read_version``: its keys
+    waiting in ``pending`` are sorted in first (in place: the generation keeps them)."""
+    if pending:
+        sorted_keys.update(pending)
+        pending.clear()
+    for k in sorted_keys.irange(begin, end, inclusive=(True, False)):
+        if points[k] > read_version:
+            return True
+    return False
+
+
 class Resolver:
     def __init__(self, *, scan_recent_keys: int = SCAN_RECENT_KEYS) -> None:
         assert scan_recent_keys >= 0
@@ -125,20 +138,11 @@ class Resolver:
                     for k in recent:  # type: ignore[union-attr]
                         if begin <= k < end:
                             return True
-                else:
-                    if self._new_points:
-                        self._point_keys.update(self._new_points)
-                        self._new_points.clear()
-                    for k in self._point_keys.irange(begin, end, inclusive=(True, False)):
-                        if points[k] > read_version:
-                            return True
-                    if old:  # a key's old write may be newer than the read too: either one conflicts
-                        if self._old_new_points:
-                            self._old_point_keys.update(self._old_new_points)
-                            self._old_new_points.clear()
-                        for k in self._old_point_keys.irange(begin, end, inclusive=(True, False)):
-                            if old[k] > read_version:
-                                return True
+                elif _written_in(points, self._point_keys, self._new_points, begin, end, read_version) or (
+                        # a key's old write may be newer than the read too: either one conflicts
+                        old and _written_in(old, self._old_point_keys, self._old_new_points, begin, end,
+                                            read_version)):
+                    return True
             for i in range(len(ranges) - 1, -1, -1):
                 v, rb, re = ranges[i]
                 if v <= read_version:

@@ -37,8 +37,8 @@ BUGGIFY_ENABLE = 0.25
 BUGGIFY_FIRE = 0.25
 # A process that keeps crashing must still make progress: random-mode crashes stop after this many.
 MAX_RANDOM_CRASHES = 4
-# A poison run (random mode, BUGGIFY site ``crash.poison_run``): once the site picks a run as its
-# lease is written, every process that writes that run's lease (claims it, renews it) dies right
+# A poison run (random mode, BUGGIFY site ``crash.poison_run``): once the site picks a run being
+# taken over (see SimHooks._poisoned) as its lease is written, every process that writes that run's lease (claims it, renews it) dies right
 # after the commit, as a run that runs its worker out of memory does, up to this many times
 # (then the run is processed normally). Independent random crashes almost never chain so:
 # session 12's soak needed ~1,000 exhaustion runs to meet every exhausted-run finaliser dying

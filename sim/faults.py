@@ -38,13 +38,21 @@ BUGGIFY_FIRE = 0.25
 # A process that keeps crashing must still make progress: random-mode crashes stop after this many.
 MAX_RANDOM_CRASHES = 4
 # A poison run (random mode, BUGGIFY site ``crash.poison_run``): once the site picks a run being
-# taken over (see SimHooks._poisoned) as its lease is written, every process that writes that run's lease (claims it, renews it) dies right
-# after the commit, as a run that runs its worker out of memory does, up to this many times
-# (then the run is processed normally). Independent random crashes almost never chain so:
-# session 12's soak needed ~1,000 exhaustion runs to meet every exhausted-run finaliser dying
-# right after its claim (ledger.runs.FINALIZE_CLAIMS = 3 in a row, after max_attempts = 3).
+# taken over (see SimHooks._poisoned) as its lease is written, the processes that drive that run
+# die, one after another, as a run that runs its worker out of memory kills each worker it
+# lands on, up to MAX_POISON_CRASHES times (then the run is processed normally). Where each one
+# dies is the poison's depth, drawn once per run from POISON_DEPTHS: 0 = right after any commit
+# that writes the run's lease (its claim, a renewal), so no attempt gets past its claim; d >= 1 =
+# right after the d-th commit of the run's own progress a process makes (a commit that checks the
+# run's lease — reads its key — without writing it: a model step, a tool's start or result, a
+# park, the settle), so every attempt gets d steps further than the one before and leaves what
+# that crash leaves behind (a dangling tool call, an unfinished model step) to the next.
+# Independent random crashes almost never chain so: session 12's soak needed ~1,000 exhaustion
+# runs to meet every exhausted-run finaliser dying right after its claim
+# (ledger.runs.FINALIZE_CLAIMS = 3 in a row, after max_attempts = 3).
 # Above max_attempts + FINALIZE_CLAIMS of the scenarios that exhaust a run (3 + 3).
 MAX_POISON_CRASHES = 8
+POISON_DEPTHS = (0, 1, 2)
 # The runtimes' lease keys (the default root: every simulated runtime uses it).
 _LEASES = LedgerKeyspace().lease_range()
 
@@ -135,6 +143,8 @@ class SimHooks(FaultHooks):
         self.world = world
         self.random_crashes = 0
         self.poison: bytes | None = None  # crash.poison_run: the poisoned run's lease key
+        self.poison_depth = 0  # ... and where its processes die (POISON_DEPTHS)
+        self.poison_steps: dict[str, int] = {}  # process label -> its progress commits of that run
         self.poison_crashes = 0
 
     def _proc(self, tr: Any) -> Any:
@@ -212,9 +222,10 @@ class SimHooks(FaultHooks):
         return False
 
     def _poisoned(self, tr: Any) -> bool:
-        """Whether ``tr`` wrote the poisoned run's lease (picking that run first, if none is yet:
-        only a run being taken over, its lease token past 1, as the run that killed one worker
-        goes on to kill the next — so that the run has got somewhere before the poison strikes)."""
+        """Whether the process that committed ``tr`` dies of the poisoned run (picking that run
+        first, if none is yet: only a run being taken over, its lease token past 1, as the run
+        that killed one worker goes on to kill the next — so that the run has got somewhere
+        before the poison strikes). See MAX_POISON_CRASHES for the depths."""
         start, stop = _LEASES.start, _LEASES.stop
         for m in tr._mutations:
             if m[0] != "set" or not start <= m[1] < stop:
@@ -222,9 +233,14 @@ class SimHooks(FaultHooks):
             if (self.poison is None and cbor2.loads(m[2]).get("token", 0) > 1
                     and self.world.buggify("crash.poison_run")):
                 self.poison = m[1]
+                self.poison_depth = self.world.rng.choice(POISON_DEPTHS)
             if m[1] == self.poison:
-                return True
-        return False
+                return self.poison_depth == 0  # a claim or a renewal is not a step of progress
+        if not self.poison_depth or self.poison not in tr._read_points:
+            return False
+        label = self._proc(tr).label
+        steps = self.poison_steps[label] = self.poison_steps.get(label, 0) + 1
+        return steps == self.poison_depth
 
     def before_apply(self, version: int, batch: list[CommitRequest]) -> None:
         pass

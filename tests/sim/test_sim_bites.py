@@ -63,6 +63,40 @@ def test_an_exhausted_run_finalised_apart_from_its_claim_is_caught(monkeypatch):
     assert summary.ok and summary.faults.get("crash.poison_run", 0) >= 20, (summary.invariant_failures, summary.faults)
 
 
+def _interrupted_per_transcript(monkeypatch, scenario: str, runs: int) -> tuple[object, list[int]]:
+    """A random search, counting the ``interrupted`` tool results of every transcript it checks."""
+    import loop
+
+    counts: list[int] = []
+    read = loop.Runtime.transcript
+
+    async def counting(self, conv, *args, **kwargs):
+        msgs = await read(self, conv, *args, **kwargs)
+        counts.append(sum(1 for m in msgs if m.get("role") == "tool"
+                          for p in m.get("content") or () if p.get("reason") == "interrupted"))
+        return msgs
+
+    monkeypatch.setattr(loop.Runtime, "transcript", counting)
+    return run_session([scenario], SEED, runs=runs, max_failures=50), counts
+
+
+def test_a_poison_run_past_its_claim_leaves_each_attempts_call_to_the_next(monkeypatch):
+    """Depth >= 1 of the poison-run fault: every attempt dies right after its first step of
+    progress (here: the assistant message that starts a tool call), so each next claim finds
+    the call left dangling, reports it interrupted and goes on — transcripts with three
+    interrupted calls of one run, which independent random crashes do not reach in the same
+    search; every invariant still holds."""
+    import sim.faults
+
+    monkeypatch.setattr(sim.faults, "POISON_DEPTHS", (1,))
+    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
+    assert summary.ok, summary.invariant_failures
+    assert summary.faults.get("crash.poison_run", 0) >= 10 and max(counts) >= 3, (summary.faults, sorted(counts))
+    monkeypatch.setattr(sim.faults, "MAX_POISON_CRASHES", 0)
+    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
+    assert summary.ok and max(counts) < 3, sorted(counts)
+
+
 def test_a_skipped_submission_hash_check_is_caught(monkeypatch, break_submission_hash):
     _assert_bites(_search(monkeypatch, "duplicate"), "submission_conflict", "duplicate")
 

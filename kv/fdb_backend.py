@@ -430,6 +430,9 @@ class FDBTransaction:
         # used_during_commit. It is checked here, before libfdb_c sees the call, for
         # every read and write (see _usable).
         self._commit_started = False
+        # Set by cancel(), until reset/on_error: every use is transaction_cancelled
+        # (1025), raised at the call as on the embedded engine (see _usable).
+        self._cancelled = False
         # Set once commit() succeeded, until reset/on_error: get_committed_version
         # is only defined then (api-c.rst: "fdb_transaction_commit() must have been
         # called ... and the resulting future must be ready and not an error ... or
@@ -451,8 +454,18 @@ class FDBTransaction:
         although the commit underneath carried on and may have landed. libfdb_c
         also reports a write's 2017 only at the next read or commit. The embedded
         engine refuses all of these at the call (kv/transaction.py _check_usable).
+
+        Likewise transaction_cancelled (1025) after cancel(): libfdb_c defers a
+        write's error (ThreadSafeTransaction::set runs it on the network thread
+        into the transaction's deferredError), so ``tr.set`` after ``tr.cancel()``
+        returned normally, and a commit's 1025 came from its future, where
+        :meth:`commit` would report it as commit_unknown_result (1021) although
+        nothing was sent.
         """
-        if self._owner._commit_started:
+        owner = self._owner
+        if owner._cancelled:
+            raise KVError(_TRANSACTION_CANCELLED)
+        if owner._commit_started:
             raise KVError(_USED_DURING_COMMIT)
 
     # -- reads --
@@ -694,12 +707,13 @@ class FDBTransaction:
         self._owner._forget_attempt()
 
     def _forget_attempt(self) -> None:
-        self._commit_started = self._committed = False
+        self._commit_started = self._committed = self._cancelled = False
         self._stamp = None
 
     def cancel(self) -> None:
         with _mapped():
             self._tr.cancel()
+        self._owner._cancelled = True
 
 
 class FDBDatabase:

@@ -16,9 +16,12 @@ with that reason.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import trio
@@ -39,24 +42,66 @@ def _libfdb_present() -> bool:
 
 needs_no_library = pytest.mark.skipif(_libfdb_present(), reason="libfdb_c is installed here")
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _fresh_python(code: str) -> str:
+    """Run ``code`` in a new interpreter (stdout back).
+
+    The fdb-capi tests load the stand-in as this process's libfdb_c, and loading
+    the client library is process-global: what happens *without* a library can
+    only be seen in a process that never loaded one.
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(fdb_backend.API_VERSION_ENV, None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
 
 def test_importing_kv_does_not_load_the_client_library():
-    import fdb
-
-    assert importlib.util.find_spec("fdb") is not None
-    assert not fdb.is_api_version_selected() or _libfdb_present()
-
-
-@needs_no_library
-async def test_open_fdb_without_library_is_a_clear_error():
-    with pytest.raises(fdb_backend.FDBUnavailableError, match="libfdb_c"):
-        await fdb_backend.open_fdb(None)
+    out = _fresh_python("""
+        import sys, importlib.util
+        import kv, kv.fdb_backend, fdb
+        assert importlib.util.find_spec("fdb") is not None
+        print(fdb.is_api_version_selected(), "fdb.impl" in sys.modules)
+    """)
+    assert out.split() == ["False", "False"]
 
 
 @needs_no_library
-async def test_fdb_url_dispatches_to_the_backend():
-    with pytest.raises(fdb_backend.FDBUnavailableError, match="foundationdb-clients"):
-        await kv.open("fdb:/nonexistent/fdb.cluster")
+def test_open_fdb_without_library_is_a_clear_error():
+    out = _fresh_python("""
+        import trio
+        from kv import fdb_backend
+
+        async def main():
+            try:
+                await fdb_backend.open_fdb(None)
+            except fdb_backend.FDBUnavailableError as e:
+                print("FDBUnavailableError:", e)
+
+        trio.run(main)
+    """)
+    assert out.startswith("FDBUnavailableError:") and "libfdb_c" in out, out
+
+
+@needs_no_library
+def test_fdb_url_dispatches_to_the_backend():
+    out = _fresh_python("""
+        import trio, kv
+        from kv import fdb_backend
+
+        async def main():
+            try:
+                await kv.open("fdb:/nonexistent/fdb.cluster")
+            except fdb_backend.FDBUnavailableError as e:
+                print("FDBUnavailableError:", e)
+
+        trio.run(main)
+    """)
+    assert out.startswith("FDBUnavailableError:") and "foundationdb-clients" in out, out
 
 
 async def test_unsupported_api_version_is_refused():
@@ -369,3 +414,116 @@ async def test_cancelled_wait_leaves_a_versionstamp_pending():
     assert scope.cancelled_caught and fut.cancel_calls == 0
     fut.resolve(b"\x00" * 9 + b"\x01")
     assert await stamp == b"\x00" * 9 + b"\x01"
+
+
+# --- the backend over the real bindings and the stand-in libfdb_c -------------
+#
+# The conformance suite's fdb-capi cases run everything through kv/fdb_backend.py ->
+# fdb/impl.py -> tests/kv/fake_libfdb_c.py (docs/fdb-testing.md). These check paths
+# the suite does not pin down: that the real bindings are what runs, paging through
+# the C API's batches, FoundationDB's error texts, and the stand-in's own contract.
+
+
+@pytest.fixture
+async def capi(tmp_path):
+    from kvtest_helpers import check_stand_in, open_stand_in
+
+    database = await open_stand_in(tmp_path / "capi")
+    try:
+        yield database
+    finally:
+        await database.close()
+        check_stand_in()
+
+
+async def test_the_real_bindings_run_over_the_stand_in(capi):
+    import fake_libfdb_c
+    import fdb
+    import fdb.impl
+
+    assert fdb.impl._capi is fake_libfdb_c.LIBRARY and fdb.get_api_version() == fdb_backend.DEFAULT_API_VERSION
+    assert isinstance(capi._db, fdb.impl.Database)
+    tr = capi.create_transaction()
+    assert type(tr._tr) is fdb.impl.Transaction
+    tr.set(b"k", b"v")
+    assert await tr.get(b"k") == b"v"
+    w = tr.watch(b"k")
+    await tr.commit()
+    before = fake_libfdb_c.calls["fdb_future_set_callback"]
+    with trio.fail_after(30):  # a hang guard
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.wait)
+            await trio.testing.wait_all_tasks_blocked()  # parked on the watch's future
+            assert fake_libfdb_c.calls["fdb_future_set_callback"] == before + 1 and not w.ready
+
+            async def change(t):  # idempotent: a plain set
+                t.set(b"k", b"changed")
+
+            await capi.transact(change)
+    assert w.ready  # woken by the callback, run through impl's CFUNCTYPE on the network thread
+
+
+async def test_range_reads_page_through_the_c_api_batches(capi):
+    import fake_libfdb_c
+
+    rows = [(b"p%04d" % i, bytes([i % 251]) * 100) for i in range(400)]  # ~52 KB
+
+    async def fill(tr):  # idempotent: plain sets
+        for k, v in rows:
+            tr.set(k, v)
+
+    await capi.transact(fill)
+    tr = capi.create_transaction()
+    batches = fake_libfdb_c.calls["fdb_transaction_get_range"]
+    assert [(r.key, r.value) async for r in tr.get_range(b"p", b"q")] == rows
+    # iterator mode: 4096, 6144, 9216, ... bytes per batch (fdb_c.cpp), so several batches
+    assert fake_libfdb_c.calls["fdb_transaction_get_range"] - batches >= 4
+    assert [(r.key, r.value) async for r in tr.get_range(b"p", b"q", reverse=True)] == rows[::-1]
+    assert [(r.key, r.value) for r in await tr.get_range(b"p", b"q")] == rows  # want_all
+    assert [r.key for r in await tr.get_range(b"p", b"q", limit=250)] == [k for k, _ in rows[:250]]  # exact
+    assert [r.key for r in await tr.get_range(b"p", b"q", limit=3, reverse=True)] == [k for k, _ in rows[:-4:-1]]
+    got = []
+    async for r in tr.get_range(b"p", b"q", limit=170):  # iterator with a limit across batches
+        got.append(r.key)
+    assert got == [k for k, _ in rows[:170]]
+    sel = kv.KeySelector.first_greater_than(b"p0009")
+    assert [r.key for r in await tr.get_range(sel, b"p0012")] == [b"p0010", b"p0011"]
+
+
+async def test_errors_carry_foundationdb_codes_and_texts(capi):
+    tr = capi.create_transaction()
+    await tr.get(b"c")
+    tr.set(b"c", b"1")
+
+    async def other(t):  # idempotent: a plain set
+        t.set(b"c", b"2")
+
+    await capi.transact(other)
+    with pytest.raises(kv.KVError) as info:
+        await tr.commit()
+    assert info.value.code == 1020 and info.value.retryable
+    assert info.value.description == "Transaction not committed due to conflict with another transaction"
+
+
+async def test_libfdb_c_defers_a_void_calls_error_to_the_next_read(capi):
+    # Why the backend checks keys, ranges and options itself: through the bindings
+    # alone a bad write returns normally and fails the transaction's next read.
+    import fdb
+
+    raw = capi._db.create_transaction()
+    raw.set(b"\xff\x01", b"v")  # no error here
+    with pytest.raises(fdb.FDBError) as info:
+        await trio.to_thread.run_sync(lambda: raw.get(b"a").wait())  # impl's blocking wait, in a thread
+    assert info.value.code == 2004
+    raw.reset()
+    assert await trio.to_thread.run_sync(lambda: raw.get(b"a").value) is None  # reset cleared it
+
+
+async def test_the_stand_in_refuses_what_it_does_not_model(capi):
+    import fake_libfdb_c
+
+    raw = capi._db.create_transaction()
+    with pytest.raises(fake_libfdb_c.StandInError, match="fdb_transaction_get_estimated_range_size_bytes"):
+        raw.get_estimated_range_size_bytes(b"a", b"b")
+    with pytest.raises(fake_libfdb_c.StandInError, match="causal_read_risky"):
+        raw.options.set_causal_read_risky()

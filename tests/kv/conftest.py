@@ -32,8 +32,13 @@ from kvtest_helpers import (  # noqa: F401
 )
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "stand_in: the test loads the stand-in libfdb_c (run last: see below)")
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Run the fdb-capi cases (and tests taking test_fdb_backend's ``capi``) last.
+    """Run the fdb-capi cases (and tests taking test_fdb_backend's ``capi`` or marked
+    ``stand_in``) last.
 
     The first of them loads the stand-in as the process's libfdb_c and selects API
     version 800 (process-global, for good: see kvtest_helpers.open_stand_in). Tests
@@ -42,7 +47,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     they are in the session; the fdb-capi cases keep their relative order.
     """
     def loads_stand_in(item) -> bool:
-        return "fdb-capi" in item.nodeid or "capi" in getattr(item, "fixturenames", ())
+        return ("fdb-capi" in item.nodeid or "capi" in getattr(item, "fixturenames", ())
+                or item.get_closest_marker("stand_in") is not None)
 
     first = [item for item in items if not loads_stand_in(item)]
     if len(first) != len(items):

@@ -27,7 +27,10 @@ What it models, after bindings/c/fdb_c.cpp and the client (cited inline):
 * transactions: memory-engine transactions; the void calls (set, clear,
   atomic ops, conflict ranges, option values) report their errors as the
   transaction's deferred error, raised by its next read, watch or commit
-  (RYW ``deferredError``/``checkDeferredError``), not at the call;
+  (RYW ``deferredError``/``checkDeferredError``), not at the call; a call
+  while a commit is queued or in flight fails with used_during_commit (2017)
+  and so does that commit, which carries on underneath (RYW
+  ``checkUsedDuringCommit``), and every call after it until reset/on_error;
   ``get_range`` honours limit, target_bytes, the streaming mode and iteration
   byte budgets of ``validate_and_update_parameters`` (fdb_c.cpp), returning
   partial batches with ``more`` set; ``on_error`` backs off and resets for
@@ -295,13 +298,14 @@ def _set_pointer(ptr: Any, address: int) -> None:
 
 
 class _Database:
-    def __init__(self, factory: Callable[[], kv.MemoryEngine]) -> None:
-        self.factory = factory
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory  # -> a kv.MemoryEngine, or a kv.Database over any embedded engine
         self.kvdb: kv.Database | None = None  # made on the network thread
 
     def database(self) -> kv.Database:
         if self.kvdb is None:
-            self.kvdb = self.factory().database()
+            made = self.factory()
+            self.kvdb = made if isinstance(made, kv.Database) else made.database()
         return self.kvdb
 
 
@@ -309,15 +313,22 @@ _LATER = object()  # an operation's result when a task of its own completes its 
 
 
 class _Op:
-    __slots__ = ("future", "run", "scope", "done", "ignores_deferred")
+    __slots__ = ("future", "run", "scope", "done", "ignores_deferred", "is_option")
 
-    def __init__(self, future: _Future | None, run: Callable, *, ignores_deferred: bool = False) -> None:
+    def __init__(self, future: _Future | None, run: Callable, *, ignores_deferred: bool = False,
+                 is_option: bool = False) -> None:
         self.future = future
         self.run = run  # (mtr) -> result, or an async function of mtr
         self.scope: trio.CancelScope | None = None
         self.done = False
         # on_error and reset clear the deferred error (RYW onError/reset) instead of failing with it
         self.ignores_deferred = ignores_deferred
+        self.is_option = is_option  # setOption: no used-during-commit check
+
+    @property
+    def checks_commit(self) -> bool:
+        """RYW checkUsedDuringCommit applies (not to reset, on_error or options)."""
+        return not self.ignores_deferred and not self.is_option
 
 
 class _Transaction:
@@ -333,6 +344,9 @@ class _Transaction:
         self.lock = threading.RLock()
         self.committed_version = -1  # NativeAPI's committedVersion (invalidVersion until a commit)
         self.destroyed = False
+        # RYW commitStarted: the commit, from fdb_transaction_commit until reset/on_error
+        # (it stays set after a failed commit: API >= 410).
+        self.commit_op: _Op | None = None
 
     def transaction(self) -> Any:
         if self.mtr is None:
@@ -351,7 +365,7 @@ class StandInLibrary:
         self._futures: dict[int, _Future] = {}
         self._transactions: dict[int, _Transaction] = {}
         self._databases: dict[int, _Database] = {}
-        self._clusters: dict[str, Callable[[], kv.MemoryEngine]] = {}
+        self._clusters: dict[str, Callable[[], Any]] = {}
         self._api_version = 0
         self._setup = False
         self._ran = False
@@ -380,8 +394,9 @@ class StandInLibrary:
 
     # -- the cluster registry (test side) --
 
-    def register_cluster(self, cluster_file: str | os.PathLike, factory: Callable[[], kv.MemoryEngine]) -> None:
-        """``fdb_create_database(cluster_file)`` opens a fresh memory engine made by ``factory``."""
+    def register_cluster(self, cluster_file: str | os.PathLike, factory: Callable[[], Any]) -> None:
+        """``fdb_create_database(cluster_file)`` opens what ``factory`` makes (on the network
+        thread): a ``kv.MemoryEngine``, or a ``kv.Database`` over an embedded engine."""
         with self._lock:
             self._clusters[os.path.abspath(os.fspath(cluster_file))] = factory
 
@@ -442,6 +457,16 @@ class StandInLibrary:
             if op.future is not None:
                 op.future.complete(error=1025)
             return
+        commit = txn.commit_op
+        if commit is not None and not commit.done and op.checks_commit:
+            # RYW checkUsedDuringCommit while the commit is queued or in flight: the call fails
+            # with used_during_commit, and so does the commit (resetPromise.sendError;
+            # RYWImpl::commit waits on resetPromise || tr.commit()), although the commit
+            # underneath carries on. (After the commit, _run_op checks in turn.)
+            if commit.future is not None:
+                commit.future.complete(error=2017)
+            self._fail_used_during_commit(txn, op)
+            return
         txn.queue.append(op)
         if not txn.worker:
             txn.worker = True
@@ -467,6 +492,10 @@ class StandInLibrary:
         with trio.CancelScope() as scope:
             op.scope = scope
             try:
+                if txn.commit_op is not None and txn.commit_op.done and op.checks_commit:
+                    # after the commit (queued behind it; what was queued before it runs first)
+                    self._fail_used_during_commit(txn, op)
+                    return
                 if txn.deferred and not op.ignores_deferred:
                     # RYW checkDeferredError: every later call fails with it (a void one's is kept)
                     if fut is not None:
@@ -492,6 +521,14 @@ class StandInLibrary:
         if scope.cancelled_caught and fut is not None:
             fut.complete(error=1101)
 
+    @staticmethod
+    def _fail_used_during_commit(txn: _Transaction, op: _Op) -> None:
+        op.done = True
+        if op.future is not None:
+            op.future.complete(error=2017)
+        elif not txn.deferred:
+            txn.deferred = 2017
+
     def _future_op(self, txn: _Transaction, kind: str, run: Callable, *, ignores_deferred: bool = False) -> int:
         fut = self._new_future(kind)
         op = _Op(fut, run, ignores_deferred=ignores_deferred)
@@ -506,8 +543,8 @@ class StandInLibrary:
         self._post(lambda: self._enqueue(txn, op))
         return fut.handle
 
-    def _void_op(self, txn: _Transaction, run: Callable) -> None:
-        op = _Op(None, run)
+    def _void_op(self, txn: _Transaction, run: Callable, *, is_option: bool = False) -> None:
+        op = _Op(None, run, is_option=is_option)
         self._post(lambda: self._enqueue(txn, op))
 
     def _ready_future(self, kind: str, result: Any = None, error: int = 0) -> int:
@@ -958,7 +995,7 @@ class StandInLibrary:
             raise StandInError(f"{fname}: option {known[option]} ({option}) is not modelled by the stand-in")
         method, int_range = _TR_OPTIONS[option]
         if method == "set_next_write_no_write_conflict_range":
-            self._void_op(txn, lambda mtr: mtr.options.set_next_write_no_write_conflict_range())
+            self._void_op(txn, lambda mtr: mtr.options.set_next_write_no_write_conflict_range(), is_option=True)
             return 0
         param = self._arg_bytes(fname, value, length) if value is not None else None
 
@@ -970,7 +1007,7 @@ class StandInLibrary:
                 raise KVError(2006)
             getattr(mtr.options, method)(n)
 
-        self._void_op(txn, apply)
+        self._void_op(txn, apply, is_option=True)
         return 0
 
     def fdb_transaction_atomic_op(self, handle: int, key: bytes, key_length: int, param: bytes, param_length: int,
@@ -1055,7 +1092,24 @@ class StandInLibrary:
             with txn.lock:
                 txn.committed_version = mtr.get_committed_version()
 
-        return self._future_op(txn, _VOID, commit)
+        fut = self._new_future(_VOID)
+        op = _Op(fut, commit)
+
+        def cancel() -> None:
+            op.done = True
+            if op.scope is not None:
+                op.scope.cancel()
+            fut.complete(error=1101)
+
+        fut.on_cancel = cancel
+
+        def enqueue() -> None:
+            self._enqueue(txn, op)
+            if txn.commit_op is None and not txn.destroyed:
+                txn.commit_op = op
+
+        self._post(enqueue)
+        return fut.handle
 
     def fdb_transaction_get_committed_version(self, handle: int, out_version: Any) -> int:
         txn = self._transaction_of("fdb_transaction_get_committed_version", handle)
@@ -1091,7 +1145,7 @@ class StandInLibrary:
 
         async def on_error(mtr: Any) -> None:
             await mtr.on_error(KVError(code))  # backs off and resets, or raises the error itself
-            txn.deferred = 0
+            txn.deferred, txn.commit_op = 0, None
             with txn.lock:
                 txn.committed_version = -1
 
@@ -1103,7 +1157,7 @@ class StandInLibrary:
 
         def reset(mtr: Any) -> None:
             mtr.reset()
-            txn.deferred = 0
+            txn.deferred, txn.commit_op = 0, None
             with txn.lock:
                 txn.committed_version = -1
 
@@ -1113,7 +1167,7 @@ class StandInLibrary:
 LIBRARY = StandInLibrary()
 
 
-def register_cluster(cluster_file: str | os.PathLike, factory: Callable[[], kv.MemoryEngine]) -> None:
+def register_cluster(cluster_file: str | os.PathLike, factory: Callable[[], Any]) -> None:
     LIBRARY.register_cluster(cluster_file, factory)
 
 

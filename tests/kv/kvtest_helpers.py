@@ -182,10 +182,11 @@ async def open_backend(name: str, path: Path, *, clock: Clock | None = None) -> 
 
 
 
-async def open_stand_in(path: Path, *, clock: Clock | None = None) -> kv.Database:
+async def open_stand_in(path: Path, *, clock: Clock | None = None, factory=None) -> kv.Database:
     """kv.open("fdb:CLUSTER_FILE") -> kv/fdb_backend.py -> the real fdb.impl -> the stand-in
     libfdb_c, whose cluster is a fresh memory engine (on ``clock``, if given: the cluster's
-    time is the engine's, so advancing it is honest here and needs no sleep)."""
+    time is the engine's, so advancing it is honest here and needs no sleep), or what
+    ``factory`` makes (called on the stand-in's network thread)."""
     if os.environ.get(FDB_ENV):
         pytest.skip(STAND_IN_SKIP_REASON)
     import fake_libfdb_c
@@ -194,7 +195,9 @@ async def open_stand_in(path: Path, *, clock: Clock | None = None) -> kv.Databas
     path.mkdir(parents=True, exist_ok=True)
     cluster_file = path / "stand-in.cluster"
     cluster_file.write_text("standin:surefoot@127.0.0.1:4500\n")  # the format of a cluster file; not read
-    fake_libfdb_c.register_cluster(cluster_file, (lambda: kv.MemoryEngine(clock=clock)) if clock else kv.MemoryEngine)
+    if factory is None:
+        factory = (lambda: kv.MemoryEngine(clock=clock)) if clock else kv.MemoryEngine
+    fake_libfdb_c.register_cluster(cluster_file, factory)
     return await kv.open(f"fdb:{cluster_file}")
 
 

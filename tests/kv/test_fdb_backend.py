@@ -527,3 +527,90 @@ async def test_the_stand_in_refuses_what_it_does_not_model(capi):
         raw.get_estimated_range_size_bytes(b"a", b"b")
     with pytest.raises(fake_libfdb_c.StandInError, match="causal_read_risky"):
         raw.options.set_causal_read_risky()
+
+
+class _GatedStore:
+    """A memory store whose commits wait at a gate the test opens (from the stand-in's
+    network thread's point of view: a commit in flight as long as the test likes)."""
+
+    def __new__(cls):
+        from kv.memory import MemoryStore
+
+        class Gated(MemoryStore):
+            def __init__(self) -> None:
+                super().__init__()
+                self.entered = threading.Event()
+                self.gate = threading.Event()
+
+            def can_apply_inline(self, mutations: int) -> bool:
+                return False
+
+            async def apply(self, version, mutations) -> None:
+                self.entered.set()
+                await trio.to_thread.run_sync(self.gate.wait)
+                await super().apply(version, mutations)
+
+        return Gated()
+
+
+@pytest.mark.stand_in
+async def test_a_read_during_a_commit_in_flight_is_refused_before_libfdb_c(tmp_path):
+    # libfdb_c fails a commit in flight with used_during_commit (2017) when anything else
+    # uses its transaction (RYW checkUsedDuringCommit -> resetPromise), whatever the commit
+    # underneath does; the backend reports that as 1021. So the backend refuses the use
+    # itself (_usable), and the commit's real outcome is reported.
+    from kv.engine import Engine
+    from kvtest_helpers import check_stand_in, open_stand_in
+
+    store = _GatedStore()
+    db = await open_stand_in(tmp_path / "gated", factory=lambda: kv.Database(Engine(store), url="gated"))
+    try:
+        tr = db.create_transaction()
+        tr.set(b"k", b"v")
+        outcome: list = []
+
+        async def commit():
+            try:
+                await tr.commit()
+                outcome.append("committed")
+            except kv.KVError as e:
+                outcome.append(e.code)
+
+        with trio.fail_after(30):  # a hang guard
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(commit)
+                await trio.to_thread.run_sync(store.entered.wait)  # the commit is in flight
+                for use in (lambda: tr.get(b"k"), lambda: tr.snapshot.get(b"x"), lambda: tr.get_read_version()):
+                    with pytest.raises(kv.KVError) as info:
+                        await use()
+                    assert info.value.code == 2017
+                with pytest.raises(kv.KVError) as info:
+                    tr.set(b"k2", b"v")
+                assert info.value.code == 2017
+                store.gate.set()
+        assert outcome == ["committed"]
+        assert tr.get_committed_version() > 0
+
+        # ... which is what libfdb_c does to the bindings on their own:
+        import fdb
+
+        store.gate.clear()
+        store.entered.clear()
+        raw = db._db.create_transaction()
+        raw.set(b"r", b"1")
+        commit_future = raw.commit()
+        await trio.to_thread.run_sync(store.entered.wait)
+        with pytest.raises(fdb.FDBError) as info:
+            await trio.to_thread.run_sync(lambda: raw.get(b"r").value)
+        assert info.value.code == 2017
+        store.gate.set()
+        with pytest.raises(fdb.FDBError) as info:
+            await trio.to_thread.run_sync(commit_future.wait)
+        assert info.value.code == 2017  # although the commit underneath carries on and lands:
+        with trio.fail_after(30):
+            while await db.transact(lambda t: t.get(b"r")) != b"1":
+                await trio.sleep(0.01)
+    finally:
+        store.gate.set()
+        await db.close()
+        check_stand_in()

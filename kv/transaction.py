@@ -455,8 +455,12 @@ class Transaction:
         else:
             engine.check_read_version(self._read_version)
         value = snap.get(key)
-        if not snapshot:
-            self._read_points = _appended(self._read_points, key)
+        if not snapshot:  # (_appended inlined)
+            points = self._read_points
+            if type(points) is list:
+                points.append(key)
+            else:
+                self._read_points = [key]
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[1]:
                 value = apply_atomic(op, value, param)

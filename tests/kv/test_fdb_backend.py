@@ -614,3 +614,28 @@ async def test_a_read_during_a_commit_in_flight_is_refused_before_libfdb_c(tmp_p
         store.gate.set()
         await db.close()
         check_stand_in()
+
+
+async def test_a_watch_outlives_its_destroyed_transaction(capi):
+    # FoundationDB: a committed transaction's watch belongs to the database. The backend
+    # drops its transaction once transact() returns; impl destroys it when collected.
+    import gc
+
+    import fake_libfdb_c
+
+    async def arm(tr):
+        await tr.get(b"w")
+        return tr.watch(b"w")
+
+    w = await capi.transact(arm)
+    destroyed = fake_libfdb_c.calls["fdb_transaction_destroy"]
+    gc.collect()
+    assert fake_libfdb_c.calls["fdb_transaction_destroy"] > destroyed  # the transaction is gone
+
+    async def change(tr):  # idempotent: a plain set
+        tr.set(b"w", b"1")
+
+    await capi.transact(change)
+    with trio.fail_after(30):  # a hang guard: the watch must still fire
+        await w
+    assert w.ready

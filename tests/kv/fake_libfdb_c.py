@@ -154,13 +154,6 @@ class KeyValueC(ctypes.Structure):
                 ("value", ctypes.c_void_p), ("value_length", ctypes.c_int)]
 
 
-class KeyC(ctypes.Structure):
-    """``FDBKey`` (``#pragma pack(4)``)."""
-
-    _pack_ = 4
-    _fields_ = [("key", ctypes.c_void_p), ("key_length", ctypes.c_int)]
-
-
 _MAX_READ_KEY = b"\xff"  # RYW getMaxReadKey() without the read_system_keys option
 
 
@@ -1124,7 +1117,10 @@ class StandInLibrary:
 
         def ask(mtr: Any) -> object:
             stamp = mtr.get_versionstamp()
-            self._nursery.start_soon(self._await_into, fut, stamp._wait, state, bytes)
+            async def wait() -> bytes:
+                return await stamp  # the memory transaction's awaitable versionstamp
+
+            self._nursery.start_soon(self._await_into, fut, wait, state, bytes)
             return _LATER
 
         op = _Op(fut, ask)

@@ -1,9 +1,14 @@
-"""Fixtures shared by the sessions and ledger tests: every ``db`` test runs on the memory engine
-and on the LMDB engine in a temp dir (the real engines, nothing faked)."""
+"""Fixtures shared by the sessions and ledger tests: every ``db`` test runs on the memory engine,
+on the LMDB engine in a temp dir (the real engines, nothing faked), and as ``fdb-capi``: through
+the FoundationDB backend and the real ``fdb`` bindings over the stand-in libfdb_c
+(tests/kv/fake_libfdb_c.py, docs/fdb-testing.md), so sessions/ and ledger/ are held to the same
+behaviour on the backend that has no cluster here."""
 
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,10 +49,19 @@ class Inject1021(FaultHooks):
         return out
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+# The kv tests' helpers (the stand-in's loader) live beside them, outside any package.
+sys.path.insert(0, str(Path(__file__).parent / "kv"))
+
+
+@pytest.fixture(params=["memory", "lmdb", "fdb-capi"])
 async def db(request, tmp_path):
-    url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-    database = await kv.open(url)
+    if request.param == "fdb-capi":
+        from kvtest_helpers import open_stand_in
+
+        database = await open_stand_in(tmp_path / "cluster")
+    else:
+        url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
+        database = await kv.open(url)
     try:
         yield database
     finally:
@@ -60,9 +74,14 @@ def clock():
 
 
 @pytest.fixture
-def inject_1021():
+def inject_1021(request):
     """``inject_1021(db, needle, n=1)``: the next n commits writing a key that contains
     ``needle`` apply and then report 1021 to their caller."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("db") == "fdb-capi":
+        pytest.skip("injects 1021 through the embedded engine's fault hooks; a FoundationDB "
+                    "cluster (or the stand-in libfdb_c) has none")
+
     def install(database, needle: bytes, n: int = 1) -> Inject1021:
         hooks = Inject1021(needle, n)
         database.engine.hooks = hooks

@@ -41,7 +41,8 @@ ERROR_NAMES: dict[int, str] = {
     2101: "transaction_too_large",
     2102: "key_too_large",
     2103: "value_too_large",
-    4100: "unknown_error",
+    4000: "unknown_error",
+    4100: "internal_error",
 }
 
 # on_error resets and retries these; the transaction certainly did not commit.

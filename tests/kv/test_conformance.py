@@ -1016,6 +1016,15 @@ async def test_cluster_overload_errors_are_retryable_not_committed(db, code, nam
     assert await tr.get(b"k") is None
 
 
+def test_error_names_are_foundationdbs():
+    """Names from flow/include/flow/error_definitions.h: 4000 is unknown_error and 4100 (what the
+    engines raise after a write-ahead log failure) internal_error; a code FoundationDB does not
+    define here reads as unknown_error."""
+    assert [KVError(c).name for c in (4000, 4100, 1021, 2017, 9999)] == [
+        "unknown_error", "internal_error", "commit_unknown_result", "used_during_commit", "unknown_error"]
+    assert not KVError(4100).retryable and not KVError(4100).maybe_committed
+
+
 @pytest.mark.parametrize("code", [1025, 1031, 2000, 2004, 2005, 2017, 2101, 2102, 2103])
 async def test_on_error_reraises_non_retryable(db, code):
     tr = db.create_transaction()

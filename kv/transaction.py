@@ -486,6 +486,11 @@ class Transaction:
 
     async def _resolve_bounds(self, begin: bytes | KeySelector, end: bytes | KeySelector,
                               snapshot: bool) -> tuple[bytes, bytes]:
+        # Both selectors' keys first, as FoundationDB's RYW getRange does ("begin.getKey() >
+        # maxKey || end.getKey() > maxKey"), before either is resolved.
+        if ((isinstance(begin, KeySelector) and begin.key > SYSTEM_KEY_PREFIX)
+                or (isinstance(end, KeySelector) and end.key > SYSTEM_KEY_PREFIX)):
+            raise KVError(2004, "a range selector's key beyond \\xff is outside the legal range")
         if isinstance(begin, KeySelector):
             begin = await self._get_key(begin, snapshot)
         if isinstance(end, KeySelector):
@@ -634,8 +639,8 @@ class Transaction:
         if self._engine.hooked:
             self._engine.hooks.on_read(self)
         ref = sel.key
-        if ref > SYSTEM_KEY_PREFIX:
-            ref = SYSTEM_KEY_PREFIX
+        if ref > SYSTEM_KEY_PREFIX:  # (RYW getKey: "key.getKey() > getMaxReadKey()"; \xff itself is legal)
+            raise KVError(2004, "a key selector's key beyond \\xff is outside the legal range")
         if sel.offset <= 0:
             # walk backwards from the anchor (last key < ref, or <= ref)
             hi = key_after(ref) if sel.or_equal else ref

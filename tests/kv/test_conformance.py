@@ -878,6 +878,28 @@ async def test_keys_at_or_above_ff_are_outside_the_legal_range(db):
     tr.clear_range(b"a", b"\xff")  # up to \xff exactly is legal
 
 
+async def test_selectors_past_ff_are_outside_the_legal_range(db):
+    """A selector's own key past \\xff is 2004 (RYW getKey: "key.getKey() > getMaxReadKey()";
+    getRange checks both bounds' keys before resolving either); \\xff itself is legal, and
+    resolving past the last key answers \\xff."""
+    await write(db, (b"a", b"1"))
+    tr = db.create_transaction()
+    past = KeySelector.first_greater_or_equal(b"\xff\x01")
+    with raises_code(2004):
+        await tr.get_key(past)
+    with raises_code(2004):
+        await tr.snapshot.get_key(KeySelector.last_less_than(b"\xff\x00"))
+    with raises_code(2004):
+        await tr.get_range(b"", past)
+    with raises_code(2004):
+        await tr.get_range(KeySelector.first_greater_or_equal(b"a"), past)
+    with raises_code(2004):
+        await tr.get_range(past, b"\xff")
+    assert await tr.get_key(KeySelector.first_greater_than(b"a")) == b"\xff"
+    assert await tr.get_key(KeySelector.last_less_than(b"\xff")) == b"a"
+    assert [r.key for r in await tr.get_range(b"", KeySelector.first_greater_or_equal(b"\xff"))] == [b"a"]
+
+
 async def test_inverted_ranges(db):
     tr = db.create_transaction()
     with raises_code(2005):

@@ -1037,26 +1037,34 @@ class StandInLibrary:
     def fdb_transaction_watch(self, handle: int, key: bytes, key_length: int) -> int:
         txn = self._transaction_of("fdb_transaction_watch", handle)
         k = self._arg_bytes("fdb_transaction_watch", key, key_length)
-        fut = self._new_future(_VOID)
-        state: dict[str, Any] = {}
 
-        def arm(mtr: Any) -> object:
+        def arm(mtr: Any, state: dict[str, Any]) -> Callable:
             # Registered in order with the transaction; waited for by a task of its own
             # (a watch outlives the operations queued after it, and its transaction).
             w = state["watch"] = mtr.watch(k)
-            self._nursery.start_soon(self._await_into, fut, w.wait, state)
+            return w.wait
+
+        return self._later(txn, self._new_future(_VOID), arm)
+
+    def _later(self, txn: Any, fut: _Future, begin: Callable[[Any, dict[str, Any]], Callable],
+               convert: Callable = lambda r: None) -> int:
+        """Queue an operation answered later (a watch, a versionstamp): at its turn in the
+        transaction, ``begin(mtr, state)`` returns what to await, and a task of its own awaits
+        it into ``fut`` (see _await_into); cancelling or destroying ``fut`` cancels what
+        ``state`` holds (the watch, the task's scope) and completes it with 1101."""
+        state: dict[str, Any] = {}
+
+        def start(mtr: Any) -> object:
+            self._nursery.start_soon(self._await_into, fut, begin(mtr, state), state, convert)
             return _LATER
 
-        op = _Op(fut, arm)
+        op = _Op(fut, start)
 
         def cancel() -> None:
             op.done = True
-            w = state.get("watch")
-            if w is not None:
-                w.cancel()
-            scope = state.get("scope")
-            if scope is not None:
-                scope.cancel()
+            for held in ("watch", "scope"):
+                if state.get(held) is not None:
+                    state[held].cancel()
             fut.complete(error=1101)
 
         fut.on_cancel = cancel
@@ -1112,29 +1120,16 @@ class StandInLibrary:
 
     def fdb_transaction_get_versionstamp(self, handle: int) -> int:
         txn = self._transaction_of("fdb_transaction_get_versionstamp", handle)
-        fut = self._new_future(_KEY)
-        state: dict[str, Any] = {}
 
-        def ask(mtr: Any) -> object:
+        def ask(mtr: Any, state: dict[str, Any]) -> Callable:
             stamp = mtr.get_versionstamp()
+
             async def wait() -> bytes:
                 return await stamp  # the memory transaction's awaitable versionstamp
 
-            self._nursery.start_soon(self._await_into, fut, wait, state, bytes)
-            return _LATER
+            return wait
 
-        op = _Op(fut, ask)
-
-        def cancel() -> None:
-            op.done = True
-            scope = state.get("scope")
-            if scope is not None:
-                scope.cancel()
-            fut.complete(error=1101)
-
-        fut.on_cancel = cancel
-        self._post(lambda: self._enqueue(txn, op))
-        return fut.handle
+        return self._later(txn, self._new_future(_KEY), ask, bytes)
 
     def fdb_transaction_on_error(self, handle: int, code: int) -> int:
         txn = self._transaction_of("fdb_transaction_on_error", handle)

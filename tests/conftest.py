@@ -7,8 +7,6 @@ behaviour on the backend that has no cluster here."""
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -49,13 +47,10 @@ class Inject1021(FaultHooks):
         return out
 
 
-# The kv tests' helpers (the stand-in's loader) live beside them, outside any package.
-sys.path.insert(0, str(Path(__file__).parent / "kv"))
-
-
 @pytest.fixture(params=["memory", "lmdb", "fdb-capi"])
 async def db(request, tmp_path):
     if request.param == "fdb-capi":
+        # (tests/kv is on the path: pyproject's pythonpath)
         from kvtest_helpers import open_stand_in
 
         database = await open_stand_in(tmp_path / "cluster")

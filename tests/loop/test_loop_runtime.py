@@ -37,8 +37,23 @@ def tool_then_answer(name, args, answer="done"):
     return script
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+@pytest.fixture(params=["memory", "lmdb", "fdb-capi"])
 async def rt(request, tmp_path):
+    """A Runtime on the memory engine, on LMDB in a temp dir, and on the FoundationDB backend
+    through the real ``fdb`` bindings over the stand-in libfdb_c (docs/fdb-testing.md): the
+    whole loop -- claims, leases, watches for follow, versionstamped journal keys -- on the
+    backend that has no cluster here."""
+    if request.param == "fdb-capi":
+        from kvtest_helpers import check_stand_in, open_stand_in
+
+        database = await open_stand_in(tmp_path / "cluster")
+        try:
+            async with Runtime.open(db=database) as rt:
+                yield rt
+        finally:
+            await database.close()
+        check_stand_in()
+        return
     url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
     async with Runtime.open(url) as rt:
         yield rt

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import socket
+import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
@@ -15,6 +17,7 @@ from server.auth import AuthConfig, Authenticator
 from server.serve import default_agent, run_server
 
 TOKEN = "test-token-0123456789"
+FDB_CAPI = "fdb-capi"  # serving()'s url for the FoundationDB backend over the stand-in libfdb_c
 
 
 @dataclass
@@ -38,7 +41,7 @@ async def serving(url: str = "memory:", *, auth: AuthConfig | None = None, agent
     auth = auth if auth is not None else AuthConfig(mode="token", token=TOKEN)
     authenticator = Authenticator(auth, **({"clock": clock} if clock else {}))
     agent = agent if agent is not None else default_agent("echo")
-    async with Runtime.open(url, workers=workers, agents=[agent], **rt_kw) as rt:
+    async with _storage(url) as db, Runtime.open(url, db=db, workers=workers, agents=[agent], **rt_kw) as rt:
         async with trio.open_nursery() as nursery:
             shutdown = trio.Event()
             exposed: dict = {}
@@ -49,6 +52,25 @@ async def serving(url: str = "memory:", *, auth: AuthConfig | None = None, agent
                 yield Served(base, rt, authenticator, shutdown, exposed["api"])
             finally:
                 shutdown.set()
+
+
+@asynccontextmanager
+async def _storage(url: str) -> AsyncIterator[Any]:
+    """``url`` itself for the embedded engines (the Runtime opens it); for ``"fdb-capi"``, the
+    FoundationDB backend over the real ``fdb`` bindings and the stand-in libfdb_c
+    (docs/fdb-testing.md), on a fresh stand-in cluster."""
+    if url != FDB_CAPI:
+        yield None
+        return
+    from kvtest_helpers import check_stand_in, open_stand_in
+
+    with tempfile.TemporaryDirectory(prefix="surefoot-standin-") as tmp:
+        db = await open_stand_in(Path(tmp))
+        try:
+            yield db
+        finally:
+            await db.close()
+    check_stand_in()
 
 
 def free_port() -> int:

@@ -7,12 +7,13 @@ import time
 
 import httpx
 import jwt
+import pytest
 import trio
 
 from server.auth import AuthConfig
 from server.limits import MAX_REQUEST_BYTES
 
-from server_helpers import TOKEN, serving, wait_settled
+from server_helpers import FDB_CAPI, TOKEN, serving, wait_settled
 
 JWT_KEY = "jwt-test-secret-with-enough-bytes-0123456789"
 ISSUER = "https://issuer.example/realm"
@@ -110,9 +111,10 @@ async def test_jwt_not_configured_is_503():
 # ---------------------------------------------------------------------------- ownership
 
 
-async def test_two_users_never_see_each_other():
+@pytest.mark.parametrize("url", ["memory:", FDB_CAPI])
+async def test_two_users_never_see_each_other(url):
     cfg = AuthConfig(mode="jwt", jwt_key=JWT_KEY, jwt_issuer=ISSUER)
-    async with serving(auth=cfg) as s:
+    async with serving(url, auth=cfg) as s:
         async with s.client(token=make_jwt("alice")) as a, s.client(token=make_jwt("bob")) as b:
             r = await a.post("/v1/conversations/secret/messages", json={"message": "alice's"})
             assert r.status_code == 202
@@ -155,8 +157,9 @@ async def test_two_users_never_see_each_other():
 # ---------------------------------------------------------------------------- idempotency
 
 
-async def test_idempotency_same_key_same_run_different_body_409():
-    async with serving() as s:
+@pytest.mark.parametrize("url", ["memory:", FDB_CAPI])
+async def test_idempotency_same_key_same_run_different_body_409(url):
+    async with serving(url) as s:
         async with s.client() as c:
             h = {"Idempotency-Key": "sub-1"}
             r1 = await c.post("/v1/conversations/c/messages", json={"message": "one"}, headers=h)
@@ -178,8 +181,9 @@ async def test_idempotency_same_key_same_run_different_body_409():
             assert len(runs) == 2
 
 
-async def test_fifty_concurrent_identical_submissions_make_one_run(tmp_path):
-    async with serving(f"lmdb:{tmp_path / 'data'}") as s:
+@pytest.mark.parametrize("backend", ["lmdb", FDB_CAPI])
+async def test_fifty_concurrent_identical_submissions_make_one_run(tmp_path, backend):
+    async with serving(f"lmdb:{tmp_path / 'data'}" if backend == "lmdb" else backend) as s:
         async with s.client(limits=httpx.Limits(max_connections=50)) as c:
             results = []
 

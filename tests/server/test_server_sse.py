@@ -6,13 +6,21 @@ import json
 
 import httpx
 import jwt
+import pytest
 import trio
 
 from server.auth import STREAM_AUDIENCE
 
-from server_helpers import SSEReader, serving, ticking_agent, wait_settled
+from server_helpers import FDB_CAPI, SSEReader, serving, ticking_agent, wait_settled
 
 SSE = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(params=["memory:", FDB_CAPI])
+def url(request):
+    """Each stream test on the memory engine and on the FoundationDB backend over the stand-in
+    libfdb_c, where going live rests on the backend's watches and versionstamped keys."""
+    return request.param
 
 
 def settled(f: dict) -> bool:
@@ -30,8 +38,8 @@ async def journal_ids(c: httpx.AsyncClient, conv: str) -> list[str]:
         after = page["next_cursor"]
 
 
-async def test_replay_then_live_ids_are_positions():
-    async with serving(agent=ticking_agent(4, 0.02)) as s:
+async def test_replay_then_live_ids_are_positions(url):
+    async with serving(url, agent=ticking_agent(4, 0.02)) as s:
         async with s.client() as c:
             ack = (await c.post("/v1/conversations/c/messages", json={"message": "go"})).json()
             await wait_settled(c, ack["run_id"])
@@ -48,8 +56,8 @@ async def test_replay_then_live_ids_are_positions():
                 assert body["cursor"] == f["id"] and body["type"] == f["event"]
 
 
-async def test_disconnect_and_resume_with_last_event_id_equals_live_follower():
-    async with serving(agent=ticking_agent(10, 0.05)) as s:
+async def test_disconnect_and_resume_with_last_event_id_equals_live_follower(url):
+    async with serving(url, agent=ticking_agent(10, 0.05)) as s:
         async with s.client() as c, s.client() as c2:
             # a live follower from before the run
             first = (await c.post("/v1/conversations/c/messages", json={"message": "warm"})).json()
@@ -94,8 +102,8 @@ async def test_disconnect_and_resume_with_last_event_id_equals_live_follower():
             assert live_ids == j[j.index(start) + 1: j.index(start) + 1 + len(live_ids)]
 
 
-async def test_fell_behind_retention_is_told_where_to_restart():
-    async with serving(journal_retention=10) as s:
+async def test_fell_behind_retention_is_told_where_to_restart(url):
+    async with serving(url, journal_retention=10) as s:
         async with s.client() as c:
             first = (await c.post("/v1/conversations/c/messages", json={"message": "m0"})).json()
             await wait_settled(c, first["run_id"])
@@ -121,11 +129,11 @@ async def test_fell_behind_retention_is_told_where_to_restart():
                 assert nxt["id"] == page["first_retained"]
 
 
-async def test_stream_tokens():
+async def test_stream_tokens(url):
     now = [1_000_000.0]
     import time as _time
     now[0] = _time.time()
-    async with serving(clock=lambda: now[0]) as s:
+    async with serving(url, clock=lambda: now[0]) as s:
         async with s.client() as c:
             ack = (await c.post("/v1/conversations/c/messages", json={"message": "x"})).json()
             await wait_settled(c, ack["run_id"])
@@ -158,8 +166,8 @@ async def test_stream_tokens():
             assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
 
 
-async def test_heartbeats_on_an_idle_stream():
-    async with serving(heartbeat=0.1) as s:
+async def test_heartbeats_on_an_idle_stream(url):
+    async with serving(url, heartbeat=0.1) as s:
         async with s.client() as c:
             ack = (await c.post("/v1/conversations/c/messages", json={"message": "x"})).json()
             await wait_settled(c, ack["run_id"])
@@ -173,8 +181,8 @@ async def test_heartbeats_on_an_idle_stream():
                         beats += f.get("comment") == "heartbeat"
 
 
-async def test_many_followers_share_one_hub_and_all_get_everything():
-    async with serving(agent=ticking_agent(3, 0.02)) as s:
+async def test_many_followers_share_one_hub_and_all_get_everything(url):
+    async with serving(url, agent=ticking_agent(3, 0.02)) as s:
         async with s.client(limits=httpx.Limits(max_connections=60)) as c:
             first = (await c.post("/v1/conversations/c/messages", json={"message": "warm"})).json()
             await wait_settled(c, first["run_id"])

@@ -665,13 +665,45 @@ async def test_an_exhausted_run_with_a_cancel_requested_ends_cancelled(tmp_path)
         assert [(d["call_id"], d["reason"]) for d in done] == [(started[0], "cancelled")]
 
 
-async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
-    """Two runtimes on one engine (two processes): A stalls past its lease, B takes the run
-    over; A's next write fails (LeaseLost) and A stops; the tool A started is reported as
-    interrupted by B, never run twice, and the transcript has no interleaving."""
+@pytest.fixture(params=["memory", "fdb-capi"])
+async def handles(request, tmp_path):
+    """``await handles()`` -> another kv database handle on one shared store, as separate
+    processes have: ``engine.database()`` on one memory engine, or (fdb-capi) another
+    ``kv.open("fdb:CLUSTER_FILE")`` through the FoundationDB backend and the real bindings, on
+    one stand-in cluster -- FoundationDB's deployment, where each process is a client."""
     import kv
 
-    engine = kv.MemoryEngine()
+    opened: list = []
+    if request.param == "memory":
+        engine = kv.MemoryEngine()
+
+        async def handle():
+            return engine.database()
+    else:
+        from kvtest_helpers import check_stand_in, open_stand_in
+
+        shared: list = []
+
+        def one_cluster():  # (called on the stand-in's network thread, once per handle)
+            if not shared:
+                shared.append(kv.MemoryEngine())
+            return shared[0]
+
+        async def handle():
+            db = await open_stand_in(tmp_path / "cluster", factory=one_cluster)
+            opened.append(db)
+            return db
+    yield handle
+    for db in opened:
+        await db.close()
+    if request.param == "fdb-capi":
+        check_stand_in()
+
+
+async def test_stale_worker_is_fenced_off_and_the_new_one_recovers(handles):
+    """Two runtimes on one store (two processes): A stalls past its lease, B takes the run
+    over; A's next write fails (LeaseLost) and A stops; the tool A started is reported as
+    interrupted by B, never run twice, and the transcript has no interleaving."""
     effects = []
     release_a = trio.Event()
 
@@ -690,7 +722,7 @@ async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
         return "final" if messages[-1]["role"] == "tool" else reply("", tool_call("slow"))
 
     agent = Agent("f", model=ScriptedModel(script), tools=[slow])
-    async with Runtime.open(db=engine.database(), lease_seconds=0.3) as rt_a:
+    async with Runtime.open(db=await handles(), lease_seconds=0.3) as rt_a:
         async def no_renew(claims):  # A stops renewing (a long GC pause, a partition...)
             return set()
 
@@ -698,7 +730,7 @@ async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
         ack = await rt_a.submit(agent, "fence", "go")
         while not effects:
             await trio.sleep(0.01)
-        async with Runtime.open(db=engine.database(), lease_seconds=0.3, agents=[agent]) as rt_b:
+        async with Runtime.open(db=await handles(), lease_seconds=0.3, agents=[agent]) as rt_b:
             out = await rt_b.wait(ack)
             assert out.ok and out.result == "final"
             release_a.set()  # A wakes up and tries to persist its result
@@ -713,15 +745,12 @@ async def test_stale_worker_is_fenced_off_and_the_new_one_recovers():
             assert roles(await rt_b.transcript("fence")) == roles(msgs)  # A wrote nothing after
 
 
-async def test_cancel_from_another_process_during_the_final_answer_wins(autojump_clock):
+async def test_cancel_from_another_process_during_the_final_answer_wins(handles):
     """A cancel acknowledged while the final answer streams ends the run cancelled, never completed
     (the runner sees the cancel record in the settling transaction, or polls it first)."""
-    import kv
-
-    engine = kv.MemoryEngine()
     model = ScriptedModel(["a long final answer " * 20], chunk=4, delay=0.01)
     agent = Agent("c", model=model)
-    async with Runtime.open(db=engine.database()) as rt_a, Runtime.open(db=engine.database(), workers=0) as rt_b:
+    async with Runtime.open(db=await handles()) as rt_a, Runtime.open(db=await handles(), workers=0) as rt_b:
         ack = await rt_a.submit(agent, "xproc", "go")
         while not model.calls:
             await trio.sleep(0.001)

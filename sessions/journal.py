@@ -198,6 +198,11 @@ def _stamped_event_key(prefix: bytes, order: int) -> bytes:
 
 _ADD_ONE = pack_i64(1)
 
+#: An event value's first bytes per event type: CBOR's head of a 4-element array, then the
+#: type's string (see Journal.emit_many_tr); the keys are exactly ev.EVENT_TYPES.
+_EVENT_HEADS: dict[str, bytes] = {t: b"\x84" + dumps(t) for t in ev.EVENT_TYPES}
+_NULL = dumps(None)
+
 
 def _position_of(prefix: bytes, key: bytes) -> bytes:
     """The 12 position bytes of an event key (see :func:`_stamped_event_key`)."""
@@ -278,12 +283,19 @@ class Journal:
         if not known:  # (a known one was checked when it was first emitted to)
             check_conversation_id(conversation)
         now = self.clock()
+        # The value is a CBOR array [type, data, ts, eid] (cheaper to decode than a map on
+        # replay), built as its parts' encodings concatenated: the same bytes as
+        # dumps([type, data, now, eid]) (cbor2 shares no values or strings by default), with
+        # the array head and the type encoded once per process, ts and eid once per emit, and
+        # no list to encode (cbor2 checks every list against collections.abc.Mapping, a
+        # Python-level call: ~0.5 us of the ~0.8 us each event's list used to add).
+        tail = dumps(now) + (_NULL if eid is None else dumps(eid))
         values = []
-        for type, data in items:
-            if type not in ev.EVENT_TYPES:
-                raise ValueError(f"unknown journal event type {type!r}; see sessions.events")
-            # The value is a CBOR array [type, data, ts, eid]: cheaper to decode than a map on replay.
-            value = dumps([type, data, now, eid])
+        for etype, data in items:
+            head = _EVENT_HEADS.get(etype)
+            if head is None:
+                raise ValueError(f"unknown journal event type {etype!r}; see sessions.events")
+            value = head + dumps(data) + tail
             if len(value) > MAX_EVENT_BYTES:
                 raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
                                "in the transcript or an attachment and reference it")

@@ -1,0 +1,52 @@
+"""Stored bytes that are built by hand for speed equal what the plain encoder writes.
+
+The journal builds an event's value as its parts' encodings concatenated (not one
+``dumps([type, data, ts, eid])``): readers, other processes and earlier data depend on the
+bytes, so they must be exactly cbor2's.
+"""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+
+from sessions import Owner, Sessions, events
+from sessions.codec import loads
+
+OWNER = Owner("test", "u1")
+
+DATAS = [
+    None, 0, -1, 2**63, 1.5, 0.1, float("inf"), "", "héllo", b"\x00\xff", True, [], (), {},
+    {"run_id": "r", "seq": 3, "role": "assistant",
+     "message": {"role": "assistant", "content": [{"type": "tool_call", "id": "c1", "name": "noop", "arguments": {}}],
+                 "usage": {"input_tokens": 12, "output_tokens": 3}}},
+    {"nested": [[1, [2, {"x": None}]], {"y": [b"z"]}]},
+]
+
+
+async def test_event_values_are_the_bytes_of_one_cbor_array(db):
+    j = Sessions(db).journal
+    ts = [1_700_000_000.25]
+    j.clock = lambda: ts[0]
+    types = sorted(events.EVENT_TYPES)
+    items = [(types[i % len(types)], d) for i, d in enumerate(DATAS)]
+    for eid in (None, "an-eid"):
+        conv = f"c-{eid}"
+        await db.transact(lambda tr, conv=conv, eid=eid: j.emit_many_tr(tr, OWNER, conv, items, eid=eid, refs=False))
+        sub = j.keys.events(OWNER.tag, conv)
+        rows = await db.transact(lambda tr, sub=sub: tr.get_range(sub.range().start, sub.range().stop))
+        assert [r.value for r in rows] == [cbor2.dumps([t, d, ts[0], eid]) for t, d in items]
+        page = await j.read(OWNER, conv)
+        assert [(e.type, e.ts, e.eid) for e in page.events] == [(t, ts[0], eid) for t, _ in items]
+        assert [e.data for e in page.events] == [loads(cbor2.dumps(d)) for _, d in items]
+
+
+async def test_an_unknown_type_or_unencodable_data_writes_nothing(db):
+    j = Sessions(db).journal
+    with pytest.raises(ValueError):
+        await db.transact(lambda tr: j.emit_many_tr(tr, OWNER, "c", [(events.RUN_QUEUED, {}), ("made.up", {})]))
+    with pytest.raises(cbor2.CBOREncodeError):
+        await db.transact(lambda tr: j.emit_many_tr(tr, OWNER, "c", [(events.RUN_QUEUED, {}), (events.RUN_STARTED, object())]))
+    sub = j.keys.events(OWNER.tag, "c")
+    assert await db.transact(lambda tr: tr.get_range(sub.range().start, sub.range().stop)) == []
+

@@ -38,6 +38,7 @@ import trio
 import kv
 import ledger as L
 from sessions import events as E
+from sessions.codec import Encoded, cbor_uint, dumps
 from sessions.transcript import MAX_READ_PAGE
 
 from . import messages as M
@@ -256,6 +257,10 @@ class Runner:
         self._txn_lease: Any = None  # the lease record the current commit attempt's check read
         # The events of the current commit attempt a settle in it is to journal (``settles``)
         self._txn_events: Sequence[tuple[str, Any]] | None = None
+        # The CBOR of the messages the current commit attempt appends (by id: see
+        # _message_events), as the transcript encoded them; None outside such an attempt.
+        self._txn_encoded: dict[int, bytes] | None = None
+        self._added_prefix = _added_prefix(self.run_id)
         # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
         # from it instead of reading and watching the outcome); None: not settled by this runner.
         self.settled: dict[str, Any] | None = None
@@ -399,6 +404,7 @@ class Runner:
                 attempts += 1
                 self._txn_settled = None
                 self._txn_events = None
+                self._txn_encoded = None
                 self._txn_lease = await store.check_lease(tr, self.claim)
                 if attempts == 1:
                     assert self.state is not None
@@ -416,14 +422,18 @@ class Runner:
                     if abort_on_cancel:
                         raise _CancelSeen()
                 if append:
+                    encoded: list[bytes] = []
                     await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq,
-                                                      mark=mark)
+                                                      mark=mark, encoded_out=encoded)
+                    # (while ``append`` holds the messages their ids are theirs)
+                    self._txn_encoded = {id(m): b for m, b in zip(append, encoded)}
                 if mutate is not None:
                     mutate(st)
                 st.ver += 1
                 st.tok = token
                 tr.set(self._state_key, st.to_bytes())
                 evs = events(first_seq) if callable(events) else events
+                self._txn_encoded = None
                 if settles:
                     self._txn_events = evs  # journaled by the settle in ``extra`` (_settle_tr)
                 elif evs:
@@ -488,7 +498,7 @@ class Runner:
                                                     state=self.state, events_before=evs or ())
 
     def _message_events(self, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
-        return _message_events(self.run_id, first_seq, msgs)
+        return _message_events(self.run_id, first_seq, msgs, self._txn_encoded, self._added_prefix)
 
     # ------------------------------------------------------------------ begin / recovery
 
@@ -531,10 +541,11 @@ class Runner:
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
         state.ver, state.tok = 1, store.new_token()
         # (a new session is created by the append, its head written once)
+        encoded: list[bytes] = []
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=page is None,
-                                          head=head)
+                                          head=head, encoded_out=encoded)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
-        evs = _message_events(run_id, first_seq, appended)
+        evs = _message_events(run_id, first_seq, appended, {id(m): b for m, b in zip(appended, encoded)})
         after_start = claim.lease.journal_after_start
         if after_start is not None:  # submitted in this transaction: journaled with run.started
             after_start.extend(evs)
@@ -1380,13 +1391,40 @@ class _Prepared:
         self.state, self.messages, self.cancel, self.base = state, messages, cancel, base
 
 
-def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]]) -> list[tuple[str, Any]]:
-    out = []
+#: Parts of a ``message.added`` event's data encoded by hand (see _message_events): a 4-entry
+#: map's head with the "run_id" key, and the keys after it.
+_ADDED_HEAD = b"\xa4" + dumps("run_id")
+_K_SEQ, _K_ROLE, _K_MESSAGE = dumps("seq"), dumps("role"), dumps("message")
+_ROLE_CBOR = {r: dumps(r) for r in ("user", "assistant", "tool", "error", "compaction")}
+
+
+def _added_prefix(run_id: str) -> bytes:
+    """The CBOR of a run's ``message.added`` data up to its ``seq`` value."""
+    return _ADDED_HEAD + dumps(run_id) + _K_SEQ
+
+
+def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]],
+                    encoded: Mapping[int, bytes] | None = None, prefix: bytes | None = None) -> list[tuple[str, Any]]:
+    """``message.added`` for each of ``msgs`` (message ``first_seq`` on). ``encoded``: the
+    CBOR of messages the transcript just encoded to append them, by ``id`` of the message:
+    the data of such a message's event is then built from those bytes, as
+    :class:`sessions.codec.Encoded` (the same bytes as encoding the dict below: the same
+    entries in the same order), instead of cbor2 encoding the message a second time."""
+    out: list[tuple[str, Any]] = []
     for i, m in enumerate(msgs):
-        data: dict[str, Any] = {"run_id": run_id, "seq": first_seq + i, "role": m.get("role")}
+        role = m.get("role")
         if _approx_size(m) <= MAX_EVENT_TEXT:
-            data["message"] = m
+            enc = encoded.get(id(m)) if encoded is not None and type(m) is dict else None
+            if enc is not None:
+                if prefix is None:
+                    prefix = _added_prefix(run_id)
+                rc = _ROLE_CBOR.get(role) if type(role) is str else None
+                out.append((E.MESSAGE_ADDED, Encoded(prefix + cbor_uint(first_seq + i) + _K_ROLE
+                                                     + (rc if rc is not None else dumps(role)) + _K_MESSAGE + enc)))
+                continue
+            data: dict[str, Any] = {"run_id": run_id, "seq": first_seq + i, "role": role, "message": m}
         else:
+            data = {"run_id": run_id, "seq": first_seq + i, "role": role}
             data["truncated"] = True
             data["text"] = _clip(M.text_of(m))
         out.append((E.MESSAGE_ADDED, data))

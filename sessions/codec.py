@@ -23,6 +23,7 @@ import kv
 __all__ = [
     "fastpack", "pack_str", "pack_uint", "dumps", "loads", "canonical_dumps", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
+    "Encoded", "cbor_uint",
 ]
 
 #: Bytes per chunk: under the 100,000-byte value limit with room for nothing else.
@@ -36,6 +37,37 @@ assert CHUNK_SIZE < kv.limits.VALUE_SIZE_LIMIT
 #: wrapper was one more Python frame for each.
 dumps: Callable[[Any], bytes] = cbor2.dumps
 loads: Callable[[bytes | memoryview], Any] = cbor2.loads
+
+
+class Encoded(bytes):
+    """A value already CBOR-encoded (by :func:`dumps`), to be stored as those bytes where an
+    API would encode a value: :meth:`sessions.Journal.emit_many_tr` takes one as an event's
+    data. For a value whose encoding the caller already has (a transcript message, encoded
+    to be appended, is also a ``message.added`` event's ``message``): cbor2 takes ~15,000
+    instructions to encode such a message again. The caller answers for the bytes being
+    one well-formed CBOR item."""
+
+    __slots__ = ()
+
+
+#: CBOR heads of the unsigned ints 0..23 (the value in the head byte itself).
+_CBOR_TINY = [bytes((i,)) for i in range(24)]
+
+
+def cbor_uint(n: int) -> bytes:
+    """``dumps(n)`` for an int ``n >= 0``, without cbor2's per-call setup (~2,500
+    instructions): CBOR's shortest unsigned form, as cbor2 writes it."""
+    if n < 24:
+        return _CBOR_TINY[n]
+    if n < 0x100:
+        return b"\x18" + n.to_bytes(1, "big")
+    if n < 0x10000:
+        return b"\x19" + n.to_bytes(2, "big")
+    if n < 0x100000000:
+        return b"\x1a" + n.to_bytes(4, "big")
+    if n < 0x10000000000000000:
+        return b"\x1b" + n.to_bytes(8, "big")
+    return dumps(n)
 
 
 def canonical_dumps(value: Any) -> bytes:

@@ -51,7 +51,7 @@ import trio
 import kv
 
 from . import events as ev
-from .codec import dumps, loads, pack_i64, unpack_i64
+from .codec import Encoded, dumps, loads, pack_i64, unpack_i64
 from .errors import CursorBehind, InvalidCursor, NotFound, TooLarge
 from .keyspace import SessionsKeyspace
 from .owners import OwnerLike, as_tag
@@ -273,7 +273,9 @@ class Journal:
         keys and values as that many emits, with the conversation checked and its emitted
         count bumped once for all of them. Not idempotent by itself (see :meth:`emit`).
         ``refs=False``: the caller wants no positions back (returns ``[]``; no awaitable
-        versionstamp is asked of the transaction for them)."""
+        versionstamp is asked of the transaction for them). A ``data`` that is a
+        :class:`sessions.codec.Encoded` is stored as its bytes (what encoding the value they
+        encode would store)."""
         tag = as_tag(owner)
         if not items:
             check_conversation_id(conversation)
@@ -295,7 +297,8 @@ class Journal:
             head = _EVENT_HEADS.get(etype)
             if head is None:
                 raise ValueError(f"unknown journal event type {etype!r}; see sessions.events")
-            value = head + dumps(data) + tail
+            # (data already encoded by the caller: its bytes; see sessions.codec.Encoded)
+            value = head + (data if data.__class__ is Encoded else dumps(data)) + tail
             if len(value) > MAX_EVENT_BYTES:
                 raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
                                "in the transcript or an attachment and reference it")

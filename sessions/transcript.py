@@ -244,7 +244,8 @@ class Transcripts:
 
     async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
                         expected_head: int | None = None, token: bytes | None = None, create: bool = False,
-                        mark: int | None = None, head: "HeadRead | None" = None) -> int:
+                        mark: int | None = None, head: "HeadRead | None" = None,
+                        encoded_out: list[bytes] | None = None) -> int:
         """Append ``messages`` in ``tr``; returns the new head (message count).
 
         Guarded: reads the head (so a concurrent append conflicts) and, when a
@@ -258,6 +259,8 @@ class Transcripts:
         head, at least the current mark.  ``head``: what :meth:`read_tail_for_append_tr`
         read of this session's head earlier in ``tr`` (used once): the head is not read
         again (the same key, so the same conflict: the guard is unchanged).
+        ``encoded_out``: extended with each message's CBOR (``dumps``), in order, once they
+        are all encoded (a caller that journals the messages too need not encode them again).
         """
         tag = as_tag(owner)
         check_session_id(session_id)
@@ -273,6 +276,8 @@ class Transcripts:
             size += len(data) + _KEY_OVERHEAD * (1 + len(data) // CHUNK_SIZE)
         if size > MAX_APPEND_BYTES:
             raise TooLarge(f"append of {size} bytes exceeds {MAX_APPEND_BYTES}; append fewer messages at a time")
+        if encoded_out is not None:
+            encoded_out.extend(encoded)
         if head is not None:  # read by the caller in this transaction
             record, head.record = head.record, _USED
             assert record is not _USED, "a HeadRead is used once"

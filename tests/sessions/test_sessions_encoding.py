@@ -11,7 +11,7 @@ import cbor2
 import pytest
 
 from sessions import Owner, Sessions, events
-from sessions.codec import loads
+from sessions.codec import Encoded, cbor_uint, loads
 
 OWNER = Owner("test", "u1")
 
@@ -50,3 +50,19 @@ async def test_an_unknown_type_or_unencodable_data_writes_nothing(db):
     sub = j.keys.events(OWNER.tag, "c")
     assert await db.transact(lambda tr: tr.get_range(sub.range().start, sub.range().stop)) == []
 
+
+def test_cbor_uint_is_cbor2s_encoding():
+    edges = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1, 2**64, 2**70]
+    for n in edges + list(range(0, 70_000, 7)):
+        assert cbor_uint(n) == cbor2.dumps(n), n
+
+
+async def test_encoded_data_is_stored_as_its_bytes(db):
+    j = Sessions(db).journal
+    data = {"run_id": "r", "seq": 300, "message": {"role": "user", "content": [{"type": "text", "text": "hi"}]}}
+    await db.transact(lambda tr: j.emit_many_tr(tr, OWNER, "c", [(events.MESSAGE_ADDED, data),
+                                                                  (events.MESSAGE_ADDED, Encoded(cbor2.dumps(data)))]))
+    sub = j.keys.events(OWNER.tag, "c")
+    rows = await db.transact(lambda tr: tr.get_range(sub.range().start, sub.range().stop))
+    assert len(rows) == 2 and rows[0].value == rows[1].value
+    assert [e.data for e in (await j.read(OWNER, "c")).events] == [data, data]

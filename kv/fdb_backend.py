@@ -463,10 +463,11 @@ class FDBTransaction:
         nothing was sent.
         """
         owner = self._owner
-        if owner._cancelled:
-            raise KVError(_TRANSACTION_CANCELLED)
+        # In RYW's order: checkUsedDuringCommit() before resetPromise, in every call.
         if owner._commit_started:
             raise KVError(_USED_DURING_COMMIT)
+        if owner._cancelled:
+            raise KVError(_TRANSACTION_CANCELLED)
 
     # -- reads --
     @property
@@ -698,7 +699,14 @@ class FDBTransaction:
             raise error
         with _mapped():
             fut = self._tr.on_error(error.code)
-        await _result(fut, lambda f: f.wait())
+        try:
+            await _result(fut, lambda f: f.wait())
+        except KVError:
+            # A failed on_error leaves libfdb_c's transaction cancelled (RYWImpl::onError, API
+            # >= 610: resetPromise.sendError(transaction_cancelled)) until reset(): raised at
+            # the call from now on, as after cancel() (see _usable).
+            self._owner._cancelled = True
+            raise
         self._owner._forget_attempt()  # on_error reset the transaction
 
     def reset(self) -> None:

@@ -283,8 +283,8 @@ class Transaction:
         "_size_limit", "_started", "_backoff", "_retries", "_snap", "_read_version", "_writes",
         "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
-        "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_committing",
-        "_committed_version", "_cancelled", "_watches", "_versionstamp", "_commit_tried",
+        "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_commit_started",
+        "_committed_version", "_cancelled", "_watches", "_versionstamp",
         # Layers may tag a transaction with attributes of their own (sessions.journal does);
         # every attribute of the transaction's own is a slot above, so the dict is only
         # allocated for a transaction that is tagged.
@@ -352,10 +352,16 @@ class Transaction:
         self._write_points: list[bytes] = []
         self._size = 0
         self._next_write_no_conflict = False
-        self._committing = False
-        self._commit_tried = False  # commit() reached the pipeline (until reset/on_error)
+        # FoundationDB's RYW commitStarted: set by commit() and kept, whatever the commit's
+        # outcome, until reset/on_error start a new attempt; meanwhile every use of the
+        # transaction is used_during_commit (2017). (RYWImpl::commit clears it on failure
+        # only below API 410.) The hot paths test it in place of `_committed_version is not
+        # None`, which only a started commit sets.
+        self._commit_started = False
         self._committed_version: int | None = None
-        self._cancelled = False
+        # FoundationDB's resetPromise, as the code it fails with (0: not set): cancel()
+        # sets 1025, a failed on_error 1025 (API >= 610); cleared by reset/on_error.
+        self._cancelled = 0
         self._watches: list[Watch] = _EMPTY
 
     def reset(self) -> None:
@@ -373,7 +379,11 @@ class Transaction:
         self._max_retry_delay = DEFAULT_MAX_RETRY_DELAY
 
     def cancel(self) -> None:
-        self._cancelled = True
+        """FoundationDB's cancel(): every later use is transaction_cancelled (1025), on_error
+        included, until reset() (RYW cancel: resetPromise.sendError(transaction_cancelled)).
+        Watches a successful commit armed are the database's by then and live on."""
+        if not self._cancelled:
+            self._cancelled = 1025
         for w in self._watches:
             w._fire(KVError(1025))
         if self._versionstamp is not None:
@@ -383,12 +393,13 @@ class Transaction:
             self._snap = None
 
     def _check_usable(self) -> None:
+        # In RYW's order: checkUsedDuringCommit() before resetPromise (cancel), in every call.
+        if self._commit_started:
+            if self._committed_version is not None:
+                raise KVError(2017, "transaction already committed; reset() it to reuse")
+            raise KVError(2017, "commit() was called: reset() or on_error() the transaction to reuse it")
         if self._cancelled:
-            raise KVError(1025)
-        if self._committing:
-            raise KVError(2017)
-        if self._committed_version is not None:
-            raise KVError(2017, "transaction already committed; reset() it to reuse")
+            raise KVError(self._cancelled)
         if self._timeout is not None and time.monotonic() - self._started > self._timeout:
             raise KVError(1031)
 
@@ -437,7 +448,7 @@ class Transaction:
         # ~17 per agent turn: the common case (usable, no timeout, a snapshot already
         # taken, nothing of this transaction's own to merge) makes no Python-level call
         # but the snapshot's get and the too-old check.
-        if self._cancelled or self._committing or self._committed_version is not None or self._timeout is not None:
+        if self._cancelled or self._commit_started or self._timeout is not None:
             self._check_usable()
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004, "keys at or above \\xff are outside the legal range")
@@ -502,7 +513,7 @@ class Transaction:
         # (range reads are a hot path of the simulator: journal pages, claim windows) the usual
         # case, a usable transaction without a timeout and plain keys for bounds, makes no call
         # to check it or resolve them; the checks and their order are the same either way
-        if self._cancelled or self._committing or self._committed_version is not None or self._timeout is not None:
+        if self._cancelled or self._commit_started or self._timeout is not None:
             self._check_usable()
         if limit < 0:
             raise KVError(2000, "limit must be >= 0")
@@ -681,7 +692,7 @@ class Transaction:
         # plain bytes within the limits) is tested in one expression; anything
         # else takes the full checks, which raise the precise error.
         if (
-            self._cancelled or self._committing or self._committed_version is not None
+            self._cancelled or self._commit_started
             or self._timeout is not None or type(key) is not bytes or type(value) is not bytes
             or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(value) > VALUE_SIZE_LIMIT
         ):
@@ -744,7 +755,7 @@ class Transaction:
     def _atomic(self, op: int, key: bytes, param: bytes) -> None:
         # ~8 per agent turn (usage counters): the common case is tested in one expression, as in set()
         if (
-            self._cancelled or self._committing or self._committed_version is not None
+            self._cancelled or self._commit_started
             or self._timeout is not None or type(key) is not bytes or type(param) is not bytes
             or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(param) > VALUE_SIZE_LIMIT
         ):
@@ -812,7 +823,7 @@ class Transaction:
         # One per journal event, so the common case (usable, plain bytes) skips the
         # calls; the checks run in the same order either way, so the same error wins.
         if (
-            self._cancelled or self._committing or self._committed_version is not None
+            self._cancelled or self._commit_started
             or self._timeout is not None or type(key) is not bytes
         ):
             self._check_usable()
@@ -892,8 +903,10 @@ class Transaction:
         ReadYourWritesTransaction answers it (checkUsedDuringCommit), until reset/on_error.
         """
         if self._versionstamp is None:
-            if self._commit_tried or self._committed_version is not None:
+            if self._commit_started:
                 raise KVError(2017, "get_versionstamp() must be called before commit()")
+            if self._cancelled:  # (a new awaitable after cancel() would never be answered)
+                raise KVError(self._cancelled)
             self._versionstamp = _Deferred()
         return self._versionstamp
 
@@ -905,7 +918,7 @@ class Transaction:
     # -- commit and retry -------------------------------------------------
 
     async def commit(self) -> None:
-        if self._cancelled or self._committing or self._committed_version is not None or self._timeout is not None:
+        if self._cancelled or self._commit_started or self._timeout is not None:
             self._check_usable()  # (the usual case, a usable transaction without a timeout, skips the call)
         # A checkpoint before anything is handed over, as every trio operation is: a cancelled
         # task gets Cancelled here, with nothing sent (after this point a commit is never
@@ -923,13 +936,18 @@ class Transaction:
         # Values the watches compare against: what this transaction saw or wrote.
         for w in self._watches:
             w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
+        # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
+        # here on, whatever the outcome, every use is 2017 until reset/on_error.
+        self._commit_started = True
         size = self._size
         if self._read_ranges:
             size += sum(len(b) + len(e) for b, e in self._read_ranges)
         if self._read_points:
             size += sum(map(len, self._read_points)) * 2 + len(self._read_points)
         if size > self._size_limit:
-            raise KVError(2101, f"transaction of {size} bytes exceeds {self._size_limit}")
+            err = KVError(2101, f"transaction of {size} bytes exceeds {self._size_limit}")
+            self._fail_attempt(err)
+            raise err
         if not self._mutations and not self._write_ranges and not self._write_points:
             self._finish(-1, None)
             return
@@ -946,27 +964,34 @@ class Transaction:
         if self._snap is not None:  # release the storage snapshot before waiting
             self._snap.close()
             self._snap = None
-        self._committing = self._commit_tried = True
         try:
             await engine.commit(req)
         except BaseException as exc:
-            self._committing = False
-            err = exc if isinstance(exc, KVError) else None
-            for w in self._watches:
-                w._fire(err or KVError(1101, "commit did not complete"))
-            if self._versionstamp is not None:
-                self._versionstamp._set(error=err or KVError(1101))
+            self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
             raise
-        self._committing = False
         self._finish(req.version, req.stamp if self._versionstamp is not None else None)
+
+    def _fail_attempt(self, err: KVError) -> None:
+        """A started commit failed: its error goes to the watches and the versionstamp
+        (NativeAPI commitAndWatch: cancelWatches(e), versionstampPromise.sendError)."""
+        watches, self._watches = self._watches, _EMPTY
+        for w in watches:
+            w._fire(err)
+        if self._versionstamp is not None:
+            self._versionstamp._set(error=err)
 
     def _finish(self, version: int, stamp: bytes | None) -> None:
         self._committed_version = version
         if self._snap is not None:
             self._snap.close()
             self._snap = None
-        for w in self._watches:
-            self._engine.arm_watch(w)
+        watches = self._watches
+        if watches:
+            # Armed, they are the database's (NativeAPI setupWatches ends watches.clear()):
+            # a later cancel/reset/on_error of this transaction leaves them be.
+            self._watches = _EMPTY
+            for w in watches:
+                self._engine.arm_watch(w)
         if self._versionstamp is not None:
             if stamp is None:
                 self._versionstamp._set(error=KVError(2021, "read-only transactions have no versionstamp"))
@@ -979,9 +1004,11 @@ class Transaction:
             error = KVError(error)
         if not isinstance(error, KVError):
             raise error
-        if not error.retryable:
-            raise error
-        if self._retry_limit >= 0 and self._retries >= self._retry_limit:
+        if self._cancelled:  # RYWImpl::onError: a set resetPromise is thrown before anything else
+            raise KVError(self._cancelled)
+        if not error.retryable or (self._retry_limit >= 0 and self._retries >= self._retry_limit):
+            # RYWImpl::onError's catch (API >= 610): resetPromise.sendError(transaction_cancelled)
+            self._cancelled = 1025
             raise error
         if error.code in (1007, 1009):
             delay = min(INITIAL_BACKOFF, self._max_retry_delay)
@@ -990,6 +1017,8 @@ class Transaction:
             self._backoff = min(self._backoff * 2, self._max_retry_delay)
         self._retries += 1
         await trio.sleep(delay)
+        if self._cancelled:  # cancel() during the backoff (RYW waits on resetPromise || tr.onError(e))
+            raise KVError(self._cancelled)
         started, backoff, retries = self._started, self._backoff, self._retries
         for w in self._watches:
             w._fire(error)

@@ -34,7 +34,9 @@ What it models, after bindings/c/fdb_c.cpp and the client (cited inline):
   ``get_range`` honours limit, target_bytes, the streaming mode and iteration
   byte budgets of ``validate_and_update_parameters`` (fdb_c.cpp), returning
   partial batches with ``more`` set; ``on_error`` backs off and resets for
-  retryable codes and fails with the code otherwise; ``get_committed_version``
+  retryable codes and fails with the code otherwise (the memory transaction's
+  rules, which are RYW's: transaction_cancelled after cancel, and a failed
+  on_error leaves the transaction cancelled); ``get_committed_version``
   answers -1 until a commit succeeded;
 * errors: FoundationDB's codes, texts from flow/error_definitions.h, and
   ``fdb_error_predicate`` as kv.errors classifies them.

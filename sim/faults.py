@@ -141,6 +141,7 @@ class SimHooks(FaultHooks):
 
     def __init__(self, world: "World") -> None:
         self.world = world
+        self.buggify = world.buggify  # (the world's, made before its hooks: read on every kv request)
         self.random_crashes = 0
         self.poison: bytes | None = None  # crash.poison_run: the poisoned run's lease key
         self.poison_depth = 0  # ... and where its processes die (POISON_DEPTHS)
@@ -151,11 +152,11 @@ class SimHooks(FaultHooks):
         return getattr(tr.db, "process", None)
 
     def on_read(self, tr: Any) -> None:
-        # Every kv read comes through here: a dead process's read dies, BUGGIFY only when on.
+        # Every kv read comes through here (~150 a run): a dead process's read dies, BUGGIFY only when on.
         proc = getattr(tr.db, "process", None)
         if proc is not None and proc.dead:
             raise Crash(f"{proc.label} is dead")
-        b = self.world.buggify
+        b = self.buggify
         if not (b.enabled and b.gate):
             return
         if b("kv.read.1007", 0.05):
@@ -187,6 +188,8 @@ class SimHooks(FaultHooks):
             world.fault("crash.before_commit", k)
             proc.kill(f"before write {k}")
             raise Crash(f"before write {k}")
+        if not (b.enabled and b.gate):  # (what Buggify.__call__ answers first, without the calls)
+            return
         if b("kv.commit.1020"):
             world.fault("kv.commit.1020", k)
             raise kv.KVError(1020)
@@ -247,16 +250,18 @@ class SimHooks(FaultHooks):
 
     def after_apply(self, version: int, batch: list[CommitRequest]) -> dict[CommitRequest, BaseException] | None:
         world = self.world
+        b = self.buggify
         failures: dict[CommitRequest, BaseException] = {}
         for order, req in enumerate(batch):
             world.stats["commits"] += 1
             proc = self._proc(req.tag)
             world.oracle.committed(version, order, req)
-            world.trace.add("commit", version, order, proc.label if proc else "-",
-                            getattr(req.tag, "_sim_k", "-"), digest_mutations(req.mutations))
+            # (Trace.add's line, joined here: every part is an int or a str)
+            world.trace.add_line(f"commit|{version}|{order}|{proc.label if proc else '-'}|"
+                                 f"{getattr(req.tag, '_sim_k', '-')}|{digest_mutations(req.mutations)}")
             if world.commit_listeners:
                 world.commit_listeners[:] = [f for f in world.commit_listeners if not f(proc)]
-            if world.buggify("kv.commit.1021"):
+            if b.enabled and b.gate and b("kv.commit.1021"):  # (the check Buggify.__call__ starts with)
                 world.fault("kv.commit.1021", getattr(req.tag, "_sim_k", "-"))
                 failures[req] = kv.KVError(1021)
         return failures or None

@@ -33,7 +33,7 @@ from loop.providers import anthropic as anthropic_wire  # (looked up per call: a
 from loop.providers.scripted import RedactedBlock, ThinkingBlock, redacted_thinking, thinking
 
 from .harness import Checker, ClientState, Scenario
-from .world import Process, ProcessDied, World
+from .world import SIM_EPOCH, Process, ProcessDied, World
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class SimClock(Clock):
         self.world = world
 
     def now(self) -> float:
-        return self.world.wall()
+        return SIM_EPOCH + self.world.clock._now  # (world.wall() inlined: ~30 calls a run)
 
 
 @dataclass

@@ -430,9 +430,12 @@ class FDBTransaction:
         # used_during_commit. It is checked here, before libfdb_c sees the call, for
         # every read and write (see _usable).
         self._commit_started = False
-        # Set by cancel(), until reset/on_error: every use is transaction_cancelled
-        # (1025), raised at the call as on the embedded engine (see _usable).
-        self._cancelled = False
+        # libfdb_c's RYW resetPromise as we know it, as the code it fails with (0: not
+        # set): cancel() and a failed on_error set 1025, a call refused as used during
+        # commit 2017 (checkUsedDuringCommit sets it then); until reset or an on_error
+        # that retries. Raised at the call, as on the embedded engine (see _usable), and
+        # by on_error, which RYW fails with it before anything else.
+        self._cancelled = 0
         # Set once commit() succeeded, until reset/on_error: get_committed_version
         # is only defined then (api-c.rst: "fdb_transaction_commit() must have been
         # called ... and the resulting future must be ready and not an error ... or
@@ -465,9 +468,11 @@ class FDBTransaction:
         owner = self._owner
         # In RYW's order: checkUsedDuringCommit() before resetPromise, in every call.
         if owner._commit_started:
+            if not owner._cancelled:  # as libfdb_c would have (we keep the call from it)
+                owner._cancelled = _USED_DURING_COMMIT
             raise KVError(_USED_DURING_COMMIT)
         if owner._cancelled:
-            raise KVError(_TRANSACTION_CANCELLED)
+            raise KVError(owner._cancelled)
 
     # -- reads --
     @property
@@ -697,6 +702,9 @@ class FDBTransaction:
             error = KVError(error)
         if not isinstance(error, KVError):
             raise error
+        owner = self._owner
+        if owner._cancelled:  # RYWImpl::onError throws a set resetPromise before anything else
+            raise KVError(owner._cancelled)
         with _mapped():
             fut = self._tr.on_error(error.code)
         try:
@@ -705,7 +713,8 @@ class FDBTransaction:
             # A failed on_error leaves libfdb_c's transaction cancelled (RYWImpl::onError, API
             # >= 610: resetPromise.sendError(transaction_cancelled)) until reset(): raised at
             # the call from now on, as after cancel() (see _usable).
-            self._owner._cancelled = True
+            if not owner._cancelled:
+                owner._cancelled = _TRANSACTION_CANCELLED
             raise
         self._owner._forget_attempt()  # on_error reset the transaction
 
@@ -715,13 +724,15 @@ class FDBTransaction:
         self._owner._forget_attempt()
 
     def _forget_attempt(self) -> None:
-        self._commit_started = self._committed = self._cancelled = False
+        self._commit_started = self._committed = False
+        self._cancelled = 0
         self._stamp = None
 
     def cancel(self) -> None:
         with _mapped():
             self._tr.cancel()
-        self._owner._cancelled = True
+        if not self._owner._cancelled:
+            self._owner._cancelled = _TRANSACTION_CANCELLED
 
 
 class FDBDatabase:

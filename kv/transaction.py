@@ -360,7 +360,8 @@ class Transaction:
         self._commit_started = False
         self._committed_version: int | None = None
         # FoundationDB's resetPromise, as the code it fails with (0: not set): cancel()
-        # sets 1025, a failed on_error 1025 (API >= 610); cleared by reset/on_error.
+        # sets 1025, a failed on_error 1025 (API >= 610), a use refused as used during
+        # commit 2017 (checkUsedDuringCommit); cleared by reset/on_error.
         self._cancelled = 0
         self._watches: list[Watch] = _EMPTY
 
@@ -395,6 +396,10 @@ class Transaction:
     def _check_usable(self) -> None:
         # In RYW's order: checkUsedDuringCommit() before resetPromise (cancel), in every call.
         if self._commit_started:
+            # checkUsedDuringCommit also fails resetPromise with used_during_commit (if not
+            # set yet): a later on_error raises 2017 instead of retrying (RYWImpl::onError)
+            if not self._cancelled:
+                self._cancelled = 2017
             if self._committed_version is not None:
                 raise KVError(2017, "transaction already committed; reset() it to reuse")
             raise KVError(2017, "commit() was called: reset() or on_error() the transaction to reuse it")
@@ -904,6 +909,8 @@ class Transaction:
         """
         if self._versionstamp is None:
             if self._commit_started:
+                if not self._cancelled:  # (as _check_usable)
+                    self._cancelled = 2017
                 raise KVError(2017, "get_versionstamp() must be called before commit()")
             if self._cancelled:  # (a new awaitable after cancel() would never be answered)
                 raise KVError(self._cancelled)

@@ -683,7 +683,11 @@ async def test_versionstamp_first_asked_after_commit_is_refused_not_left_pending
         await tr3.commit()
     with raises_code(2017):
         tr3.get_versionstamp()
-    await tr3.on_error(err.value)
+    # ...and that refusal fails RYW's resetPromise with 2017, so on_error raises it
+    # (tests/kv/test_lifecycle.py); reset() starts over
+    with raises_code(2017):
+        await tr3.on_error(err.value)
+    tr3.reset()
     tr3.set(b"vs-late", b"5")
     vs = tr3.get_versionstamp()
     await tr3.commit()

@@ -9,8 +9,9 @@ docs/kv-api.md, "A transaction's lifecycle"):
   failure only below API 410 (``if (!ryw->tr.apiVersionAtLeast(410)) { ryw->commitStarted
   = false; ... }``); every read, write, watch, get_versionstamp and commit starts with
   ``if (checkUsedDuringCommit()) return/throw used_during_commit();`` and only then looks
-  at ``resetPromise``; ``resetRyow()`` (reset and a successful onError) clears
-  ``commitStarted``.
+  at ``resetPromise``; ``checkUsedDuringCommit()`` itself fails ``resetPromise`` with
+  used_during_commit when the commit has started; ``resetRyow()`` (reset and a successful
+  onError) clears ``commitStarted`` and makes a new ``resetPromise``.
 * ``RYWImpl::onError`` begins ``if (ryw->resetPromise.isSet()) throw
   ryw->resetPromise.getFuture().getError();``, and ``cancel()`` is
   ``resetPromise.sendError(transaction_cancelled())``; when onError fails (the error is
@@ -76,10 +77,20 @@ async def _every_use_is(tr, code: int) -> None:
 # -- (a) after a failed commit -------------------------------------------------
 
 
-async def test_a_failed_commit_leaves_every_use_used_during_commit_until_on_error(db):
+async def test_a_failed_commit_leaves_every_use_used_during_commit(db):
     # RYW commitStarted stays set after a failed commit (API >= 410): used_during_commit (2017)
     tr = await _failed_commit(db)
     await _every_use_is(tr, 2017)
+    with raises_code(2017):  # (those refusals set resetPromise: see the next test)
+        await tr.on_error(KVError(1020))
+    tr.reset()
+    tr.set(b"k", b"after-reset")
+    await tr.commit()
+    assert await read(db, b"k") == b"after-reset"
+
+
+async def test_on_error_straight_after_a_failed_commit_retries(db):
+    tr = await _failed_commit(db)
     await tr.on_error(KVError(1020))  # the retry loop's way out: resetRyow clears commitStarted
     assert await tr.get(b"k") == b"1"
     tr.set(b"k", b"retried")
@@ -91,6 +102,26 @@ async def test_a_failed_commit_is_usable_again_after_reset(db):
     tr = await _failed_commit(db)
     with raises_code(2017):
         tr.set(b"k", b"again")
+    tr.reset()
+    tr.set(b"k", b"after-reset")
+    await tr.commit()
+    assert await read(db, b"k") == b"after-reset"
+
+
+async def test_a_use_refused_after_a_failed_commit_makes_on_error_fail_with_it(db):
+    # checkUsedDuringCommit() also does resetPromise.sendError(used_during_commit()) (if it is
+    # not set yet), and RYWImpl::onError throws a set resetPromise before retrying anything:
+    # touching the transaction between a failed commit and on_error turns the retry into 2017.
+    tr = await _failed_commit(db)
+    with raises_code(2017):
+        await tr.get(b"k")
+    with raises_code(2017):
+        await tr.on_error(KVError(1020))
+    with raises_code(2017):  # still frozen: that on_error did not reset it
+        tr.set(b"k", b"again")
+    tr.cancel()  # resetPromise is set already: cancel changes nothing
+    with raises_code(2017):
+        await tr.on_error(KVError(1020))
     tr.reset()
     tr.set(b"k", b"after-reset")
     await tr.commit()

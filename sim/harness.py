@@ -17,7 +17,6 @@ instead of re-running the history up to write k.
 
 from __future__ import annotations
 
-import copy
 import functools
 import gc
 import time as _time
@@ -73,7 +72,8 @@ class ClientState:
     def __deepcopy__(self, memo: dict[int, Any]) -> "ClientState":
         # (a snapshot copies every client at every write: field by field, not through
         # copy.deepcopy's generic reduce, which was a third of a snapshot's cost)
-        new = copy.copy(self)
+        new = object.__new__(ClientState)  # (copy.copy's result, without its __reduce_ex__)
+        new.__dict__.update(self.__dict__)
         for name in ("pending", "runs", "follow"):
             value = getattr(self, name)
             if value is not None:

@@ -202,6 +202,7 @@ _ADD_ONE = pack_i64(1)
 #: type's string (see Journal.emit_many_tr); the keys are exactly ev.EVENT_TYPES.
 _EVENT_HEADS: dict[str, bytes] = {t: b"\x84" + dumps(t) for t in ev.EVENT_TYPES}
 _NULL = dumps(None)
+_pack_f64 = struct.Struct(">d").pack
 
 
 def _position_of(prefix: bytes, key: bytes) -> bytes:
@@ -291,7 +292,10 @@ class Journal:
         # the array head and the type encoded once per process, ts and eid once per emit, and
         # no list to encode (cbor2 checks every list against collections.abc.Mapping, a
         # Python-level call: ~0.5 us of the ~0.8 us each event's list used to add).
-        tail = dumps(now) + (_NULL if eid is None else dumps(eid))
+        # (a finite float, as every real clock gives: cbor2 writes it as a double, 0xfb + its 8
+        # bytes big-endian, and packing it here saves a cbor2 call, ~2,400 instructions)
+        tail = ((b"\xfb" + _pack_f64(now) if now.__class__ is float and now - now == 0.0 else dumps(now))
+                + (_NULL if eid is None else dumps(eid)))
         values = []
         for etype, data in items:
             head = _EVENT_HEADS.get(etype)

@@ -30,8 +30,9 @@ async def test_event_values_are_the_bytes_of_one_cbor_array(db):
     j.clock = lambda: ts[0]
     types = sorted(events.EVENT_TYPES)
     items = [(types[i % len(types)], d) for i, d in enumerate(DATAS)]
-    for eid in (None, "an-eid"):
-        conv = f"c-{eid}"
+    for eid, ts[0] in [(None, 1_700_000_000.25), ("an-eid", 1_700_000_000.25), (None, 0.0), (None, -0.0), (None, 5),
+                       (None, float("inf")), (None, 1e300), (None, 2**70)]:
+        conv = f"c-{eid}-{ts[0]}"
         await db.transact(lambda tr, conv=conv, eid=eid: j.emit_many_tr(tr, OWNER, conv, items, eid=eid, refs=False))
         sub = j.keys.events(OWNER.tag, conv)
         rows = await db.transact(lambda tr, sub=sub: tr.get_range(sub.range().start, sub.range().stop))

@@ -262,14 +262,15 @@ def test_virtual_clock_keeps_mockclock_time_and_its_sleep_matches_trio_sleep():
 def test_oracle_overlay_ranges_match_a_brute_force_model():
     """The oracle replays range reads with limit/direction shortcuts; they must give what a plain
     dict of the same state gives."""
-    from sortedcontainers import SortedDict
-
-    from sim.oracle import _Overlay
+    from sim.oracle import _Model, _Overlay
 
     r = random.Random(7)
     for _ in range(2000):
         state = {bytes([r.randrange(20)]): b"v%d" % r.randrange(9) for _ in range(r.randrange(15))}
-        ov = _Overlay(SortedDict(state))
+        model = _Model()
+        for k, v in state.items():
+            model.put(k, v)
+        ov = _Overlay(model)
         for _ in range(r.randrange(4)):
             a, z = sorted([bytes([r.randrange(20)]), bytes([r.randrange(20)])])
             c = r.random()
@@ -288,3 +289,40 @@ def test_oracle_overlay_ranges_match_a_brute_force_model():
         if reverse:
             want.reverse()
         assert ov.range(b, e, limit, reverse) == (want[:limit] if limit else want)
+
+
+def test_oracle_model_applies_mutations_as_a_plain_dict_does():
+    """The oracle's model (a dict with its keys kept in order for range reads) must hold what a
+    plain dict given the same mutations holds, its key order sorted, its copies independent."""
+    from sim.oracle import _apply, _Model
+
+    r = random.Random(11)
+    for _ in range(500):
+        model, state = _Model(), {}
+        for _ in range(r.randrange(30)):
+            a, z = sorted([bytes([r.randrange(20)]), bytes([r.randrange(20)])])
+            c = r.random()
+            if c < 0.5:
+                m: tuple = ("set", a, b"v%d" % r.randrange(3))
+                state[a] = m[2]
+            elif c < 0.7:
+                m = ("clear", a, z)
+                state = {k: v for k, v in state.items() if not a <= k < z}
+            else:
+                op = r.choice([kv.atomic.ADD, kv.atomic.COMPARE_AND_CLEAR])
+                m = ("atomic", op, a, bytes([r.randrange(2)]))
+                v = kv.atomic.apply_atomic(op, state.get(a), m[3])
+                if v is None:
+                    state.pop(a, None)
+                else:
+                    state[a] = v
+            _apply(model, m)
+            if r.random() < 0.2:
+                copy = model.copy()
+                model.put(b"\xfe", b"only in the original")
+                model.discard(b"\xfe")
+                assert copy.order is not model.order and dict(copy) == dict(model)
+                model = copy
+            assert dict(model) == state and model.order == sorted(state)
+            b, e = sorted([bytes([r.randrange(21)]), bytes([r.randrange(21)])])
+            assert model.keys_in(b, e) == sorted(k for k in state if b <= k < e)

@@ -47,6 +47,8 @@ _RANGE_PAGE = 1_000  # rows fetched from the snapshot per page when iterating
 # write-map entry kinds
 _SET, _CLEAR, _ATOMIC, _UNREADABLE = 0, 1, 2, 3
 
+_UNKNOWN = object()  # a write whose value is not known in the transaction (atomic op, stamped value)
+
 
 _new_tuple = tuple.__new__  # builds a KeyValue from a (key, value) pair without a Python-level __new__
 
@@ -85,7 +87,9 @@ class TransactionOptions:
         self._tr = tr
 
     def set_timeout(self, ms: int) -> None:
-        self._tr._timeout = ms / 1000 if ms else None
+        tr = self._tr
+        tr._timeout = ms / 1000 if ms else None
+        tr._update_slow()
 
     def set_retry_limit(self, n: int) -> None:
         self._tr._retry_limit = n
@@ -284,7 +288,7 @@ class Transaction:
         "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
         "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_commit_started",
-        "_committed_version", "_cancelled", "_watches", "_versionstamp",
+        "_committed_version", "_cancelled", "_watches", "_versionstamp", "_slow",
         # Layers may tag a transaction with attributes of their own (sessions.journal does);
         # every attribute of the transaction's own is a slot above, so the dict is only
         # allocated for a transaction that is tagged.
@@ -364,6 +368,11 @@ class Transaction:
         # commit 2017 (checkUsedDuringCommit); cleared by reset/on_error.
         self._cancelled = 0
         self._watches: list[Watch] = _EMPTY
+        # The hot paths' one test (reads, set, atomic ops, stamped keys, commit): True when the
+        # full checks must run, i.e. a commit started, a resetPromise code (cancel), a timeout
+        # or watches (whose own-write triggers run in the writes' full path) — or after any
+        # of those until reset/on_error; see _update_slow. (Kept by every site that sets one.)
+        self._slow = self._timeout is not None
 
     def reset(self) -> None:
         """Forget everything, as a new transaction (options other than the persistent ones reset)."""
@@ -376,8 +385,12 @@ class Transaction:
         # reset() drops even the options that survive on_error (ReadYourWrites.cpp reset())
         self._size_limit = TRANSACTION_SIZE_LIMIT
         self._timeout = None
+        self._slow = False  # (everything _update_slow looks at is cleared)
         self._retry_limit = -1
         self._max_retry_delay = DEFAULT_MAX_RETRY_DELAY
+
+    def _update_slow(self) -> None:
+        self._slow = bool(self._cancelled or self._commit_started or self._timeout is not None or self._watches)
 
     def cancel(self) -> None:
         """FoundationDB's cancel(): every later use is transaction_cancelled (1025), on_error
@@ -385,6 +398,7 @@ class Transaction:
         Watches a successful commit armed are the database's by then and live on."""
         if not self._cancelled:
             self._cancelled = 1025
+        self._slow = True
         for w in self._watches:
             w._fire(KVError(1025))
         if self._versionstamp is not None:
@@ -453,7 +467,7 @@ class Transaction:
         # ~17 per agent turn: the common case (usable, no timeout, a snapshot already
         # taken, nothing of this transaction's own to merge) makes no Python-level call
         # but the snapshot's get and the too-old check.
-        if self._cancelled or self._commit_started or self._timeout is not None:
+        if self._slow:
             self._check_usable()
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004, "keys at or above \\xff are outside the legal range")
@@ -518,7 +532,7 @@ class Transaction:
         # (range reads are a hot path of the simulator: journal pages, claim windows) the usual
         # case, a usable transaction without a timeout and plain keys for bounds, makes no call
         # to check it or resolve them; the checks and their order are the same either way
-        if self._cancelled or self._commit_started or self._timeout is not None:
+        if self._slow:
             self._check_usable()
         if limit < 0:
             raise KVError(2000, "limit must be >= 0")
@@ -697,14 +711,15 @@ class Transaction:
         # plain bytes within the limits) is tested in one expression; anything
         # else takes the full checks, which raise the precise error.
         if (
-            self._cancelled or self._commit_started
-            or self._timeout is not None or type(key) is not bytes or type(value) is not bytes
+            self._slow or type(key) is not bytes or type(value) is not bytes
             or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(value) > VALUE_SIZE_LIMIT
         ):
             self._check_usable()
             _check_write_key(key)
             _check_value(value)
             key, value = bytes(key), bytes(value)
+            if self._watches:
+                self._trigger_watches(key, None, value)
         self._writes[key] = (_SET, value)
         self._mutations.append(("set", key, value))
         if self._next_write_no_conflict:
@@ -729,6 +744,8 @@ class Transaction:
             # (getMaxClearKeySize: "keys larger than this will be assumed not to exist").
             return
         key = bytes(key)
+        if self._watches:
+            self._trigger_watches(key, None, None)
         self._writes[key] = (_CLEAR, None)
         self._mutations.append(("clear", key, key_after(key)))
         self._size += 2 * len(key) + 1
@@ -740,6 +757,8 @@ class Transaction:
         _check_range(begin, end)
         if begin == end:
             return
+        if self._watches:
+            self._trigger_watches(begin, end, None)
         doomed = self._write_keys_in(begin, end, False)
         if doomed:
             for k in doomed:
@@ -760,14 +779,15 @@ class Transaction:
     def _atomic(self, op: int, key: bytes, param: bytes) -> None:
         # ~8 per agent turn (usage counters): the common case is tested in one expression, as in set()
         if (
-            self._cancelled or self._commit_started
-            or self._timeout is not None or type(key) is not bytes or type(param) is not bytes
+            self._slow or type(key) is not bytes or type(param) is not bytes
             or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(param) > VALUE_SIZE_LIMIT
         ):
             self._check_usable()
             _check_write_key(key)
             _check_value(param)
             key, param = bytes(key), bytes(param)
+            if self._watches:
+                self._trigger_watches(key, None, _UNKNOWN)  # (RYW atomicOp: valueKnown false)
         entry = self._writes.get(key)
         if entry is None and self._clears and self._cleared(key):
             entry = (_CLEAR, None)
@@ -828,8 +848,7 @@ class Transaction:
         # One per journal event, so the common case (usable, plain bytes) skips the
         # calls; the checks run in the same order either way, so the same error wins.
         if (
-            self._cancelled or self._commit_started
-            or self._timeout is not None or type(key) is not bytes
+            self._slow or type(key) is not bytes
         ):
             self._check_usable()
             key = bytes(key)
@@ -861,6 +880,8 @@ class Transaction:
         body, offset = self._split_offset(bytes(value), "value")
         _check_value(body)
         key = bytes(key)
+        if self._watches:
+            self._trigger_watches(key, None, _UNKNOWN)
         index = len(self._mutations)
         self._mutations.append(("set", key, body))
         self._stamped = _appended(self._stamped, (index, "value", key, body, offset))
@@ -892,13 +913,65 @@ class Transaction:
     # -- watches and versionstamps ---------------------------------------
 
     def watch(self, key: bytes) -> Watch:
-        """A :class:`Watch` on ``key``; armed when this transaction commits."""
+        """A :class:`Watch` on ``key``; armed when this transaction commits.
+
+        As FoundationDB's RYWImpl::watch, it reads the key now (not a snapshot read: a read
+        conflict on it, unless this transaction wrote it) and compares with that value; until
+        the commit it reports only this transaction's own writes, at once (triggerWatches)."""
         self._check_usable()
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004)
-        w = Watch(self._engine, bytes(key))
+        if len(key) > KEY_SIZE_LIMIT:
+            raise KVError(2102, f"key of {len(key)} bytes exceeds {KEY_SIZE_LIMIT}")
+        key = bytes(key)
+        w = Watch(self._engine, key)
+        try:
+            w.seen = self._watch_read(key)
+        except KVError as e:
+            if e.code != 1036:
+                raise
+            w._fire(e)  # RYW: the watch's own read fails it (accessed_unreadable)
         self._watches = _appended(self._watches, w)
+        self._slow = True  # (set and atomic ops take their full path, which triggers watches)
         return w
+
+    def _watch_read(self, key: bytes) -> bytes | None:
+        """The value a new watch compares with: ``_get(key, snapshot=False)``'s, synchronously
+        (its read conflict included; no read hooks: no caller sees this value)."""
+        entry = self._writes.get(key)
+        if entry is not None:
+            kind, payload = entry
+            if kind == _SET:
+                return payload
+            if kind == _CLEAR:
+                return None
+            if kind == _UNREADABLE:
+                raise KVError(1036, "key has a versionstamped value written by this transaction")
+        else:
+            if self._unreadable_ranges or self._unreadable_new:
+                self._check_readable(key, key_after(key))
+            if self._clears and self._cleared(key):
+                return None
+        snap = self._snap
+        if snap is None:
+            snap = self._ensure_snapshot()
+        else:
+            self._engine.check_read_version(self._read_version)
+        value = snap.get(key)
+        self._read_points = _appended(self._read_points, key)
+        if entry is not None:  # pending atomic ops: applied to the stored value (which was read)
+            for op, param in entry[1]:
+                value = apply_atomic(op, value, param)
+        return value
+
+    def _trigger_watches(self, begin: bytes, end: bytes | None, value: Any) -> None:
+        """Fire this transaction's watches on ``begin`` (or in [begin, end)) that a write of
+        ``value`` (None: cleared; _UNKNOWN: an atomic op) changes: RYWImpl::triggerWatches."""
+        for w in self._watches:
+            k = w.key
+            if (k == begin if end is None else begin <= k < end) and not w.ready:
+                if value is _UNKNOWN or value != w.seen:
+                    w._fire()
 
     def get_versionstamp(self) -> _Deferred:
         """Awaitable 10-byte versionstamp of this transaction, ready after commit.
@@ -925,7 +998,7 @@ class Transaction:
     # -- commit and retry -------------------------------------------------
 
     async def commit(self) -> None:
-        if self._cancelled or self._commit_started or self._timeout is not None:
+        if self._slow:
             self._check_usable()  # (the usual case, a usable transaction without a timeout, skips the call)
         # A checkpoint before anything is handed over, as every trio operation is: a cancelled
         # task gets Cancelled here, with nothing sent (after this point a commit is never
@@ -940,12 +1013,16 @@ class Transaction:
             await checkpoint_if_cancelled()  # raises here
         task._cancel_points += 1  # (what checkpoint_if_cancelled counts when it passes)
         engine = self._engine
-        # Values the watches compare against: what this transaction saw or wrote.
+        # The commit waits for each watch's read (RYW commit waits on `reading`, which holds
+        # every watch's read): read again here at the same read version, it gives the value
+        # watch() read, own writes included (one that changed it fired the watch already).
+        # (sim.oracle's _get adds its network round trip to this wait.)
         for w in self._watches:
-            w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
+            if not w.ready:
+                w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
         # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
         # here on, whatever the outcome, every use is 2017 until reset/on_error.
-        self._commit_started = True
+        self._commit_started = self._slow = True
         size = self._size
         if self._read_ranges:
             size += sum(len(b) + len(e) for b, e in self._read_ranges)
@@ -1016,6 +1093,7 @@ class Transaction:
         if not error.retryable or (self._retry_limit >= 0 and self._retries >= self._retry_limit):
             # RYWImpl::onError's catch (API >= 610): resetPromise.sendError(transaction_cancelled)
             self._cancelled = 1025
+            self._slow = True
             raise error
         if error.code in (1007, 1009):
             delay = min(INITIAL_BACKOFF, self._max_retry_delay)

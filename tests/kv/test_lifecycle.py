@@ -250,9 +250,9 @@ async def test_a_failed_commits_watch_keeps_the_commit_error_after_on_error(db):
     # on_error with another code does not overwrite it.
     tr2 = db.create_transaction()
     await tr2.get(b"x")
-    w = tr2.watch(b"x")
+    w = tr2.watch(b"y")  # (not a key tr2 writes: its own write would fire the watch at once)
     await write(db, (b"x", b"0"))
-    tr2.set(b"x", b"mine")
+    tr2.set(MARKER, b"mine")
     assert await commit_code(tr2) == 1020
     await tr2.on_error(KVError(1007))
     with raises_code(1020):

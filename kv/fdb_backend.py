@@ -519,7 +519,11 @@ class FDBTransaction:
         return self.get_range(prefix, _strinc(prefix), limit=limit, reverse=reverse)
 
     async def get_read_version(self) -> int:
-        self._usable()
+        # RYW getReadVersion checks resetPromise only, not checkUsedDuringCommit: safe to hand
+        # to libfdb_c during a commit in flight (it neither fails nor poisons it), and answered
+        # after the commit too.
+        if self._owner._cancelled:
+            raise KVError(self._owner._cancelled)
         with _mapped():
             fut = self._tr.get_read_version()
         return await _result(fut, lambda f: f.wait())

@@ -434,7 +434,16 @@ class Transaction:
         return snap
 
     async def get_read_version(self) -> int:
-        self._check_usable()
+        # RYW getReadVersion looks at resetPromise only, not checkUsedDuringCommit: it answers
+        # during and after a commit (the commit's read version), and does not poison on_error.
+        if self._slow:
+            if self._cancelled:
+                raise KVError(self._cancelled)
+            if self._timeout is not None and time.monotonic() - self._started > self._timeout:
+                raise KVError(1031)
+            if self._commit_started:
+                rv = self._read_version
+                return self._engine.committed_version() if rv is None else rv
         self._ensure_snapshot()
         return self._read_version  # type: ignore[return-value]
 
@@ -1037,7 +1046,9 @@ class Transaction:
             return
         if engine.hooked:
             engine.hooks.before_commit(self)
-        read_version = self._read_version if self._read_version is not None else engine.committed_version()
+        read_version = self._read_version
+        if read_version is None:  # a blind write: the commit's own read version (get_read_version answers it)
+            read_version = self._read_version = engine.committed_version()
         # The lists are handed over, not copied: a committing transaction is
         # frozen (2017 on any use), and a retry starts from fresh ones
         # (_reset_state). The engine appends stamped keys to write_points.

@@ -308,10 +308,10 @@ _LATER = object()  # an operation's result when a task of its own completes its 
 
 
 class _Op:
-    __slots__ = ("future", "run", "scope", "done", "ignores_deferred", "is_option")
+    __slots__ = ("future", "run", "scope", "done", "ignores_deferred", "is_option", "no_commit_check")
 
     def __init__(self, future: _Future | None, run: Callable, *, ignores_deferred: bool = False,
-                 is_option: bool = False) -> None:
+                 is_option: bool = False, no_commit_check: bool = False) -> None:
         self.future = future
         self.run = run  # (mtr) -> result, or an async function of mtr
         self.scope: trio.CancelScope | None = None
@@ -319,11 +319,14 @@ class _Op:
         # on_error and reset clear the deferred error (RYW onError/reset) instead of failing with it
         self.ignores_deferred = ignores_deferred
         self.is_option = is_option  # setOption: no used-during-commit check
+        # getReadVersion: RYW checks resetPromise only (no checkUsedDuringCommit), so it neither
+        # fails nor poisons a commit in flight, and answers after the commit
+        self.no_commit_check = no_commit_check
 
     @property
     def checks_commit(self) -> bool:
         """RYW checkUsedDuringCommit applies (not to reset, on_error or options)."""
-        return not self.ignores_deferred and not self.is_option
+        return not self.ignores_deferred and not self.is_option and not self.no_commit_check
 
 
 class _Transaction:
@@ -524,9 +527,10 @@ class StandInLibrary:
         elif not txn.deferred:
             txn.deferred = 2017
 
-    def _future_op(self, txn: _Transaction, kind: str, run: Callable, *, ignores_deferred: bool = False) -> int:
+    def _future_op(self, txn: _Transaction, kind: str, run: Callable, *, ignores_deferred: bool = False,
+                   no_commit_check: bool = False) -> int:
         fut = self._new_future(kind)
-        op = _Op(fut, run, ignores_deferred=ignores_deferred)
+        op = _Op(fut, run, ignores_deferred=ignores_deferred, no_commit_check=no_commit_check)
 
         def cancel() -> None:  # network thread
             op.done = True
@@ -854,7 +858,7 @@ class StandInLibrary:
 
     def fdb_transaction_get_read_version(self, handle: int) -> int:
         txn = self._transaction_of("fdb_transaction_get_read_version", handle)
-        return self._future_op(txn, _INT64, lambda mtr: mtr.get_read_version())
+        return self._future_op(txn, _INT64, lambda mtr: mtr.get_read_version(), no_commit_check=True)
 
     @staticmethod
     def _arg_bytes(fname: str, data: Any, length: int) -> bytes:

@@ -145,6 +145,33 @@ async def test_a_commit_refused_as_too_large_also_started_the_commit(db):
     assert await read(db, b"small") == b"v" and await read(db, b"big") is None
 
 
+async def test_get_read_version_answers_after_a_commit_and_leaves_the_retry_alone(db):
+    # RYW getReadVersion checks resetPromise only, never checkUsedDuringCommit: after a commit
+    # (failed or not) it answers the commit's read version, and sets nothing.
+    await write(db, (b"k", b"0"))
+    tr = db.create_transaction()
+    rv = await tr.get_read_version()
+    assert await tr.get(b"k") == b"0"
+    await write(db, (b"k", b"1"))
+    tr.set(b"k", b"mine")
+    assert await commit_code(tr) == 1020
+    assert await tr.get_read_version() == rv
+    await tr.on_error(KVError(1020))  # retries: nothing was refused
+    assert await tr.get(b"k") == b"1"
+    tr.set(b"k2", b"v")
+    rv2 = await tr.get_read_version()
+    await tr.commit()
+    assert await tr.get_read_version() == rv2
+    tr.cancel()
+    with raises_code(1025):  # resetPromise
+        await tr.get_read_version()
+
+    blind = db.create_transaction()
+    blind.set(b"k3", b"v")
+    await blind.commit()
+    assert 0 < await blind.get_read_version() < blind.get_committed_version()
+
+
 # -- (b) on_error after cancel -------------------------------------------------
 
 

@@ -42,8 +42,9 @@ import kv
 if not (isinstance(getattr(_trio_run, "_r", None), random.Random)
         and hasattr(_trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING")
         and isinstance(getattr(_trio_run, "TheIOManager", None), type)
+        and isinstance(getattr(_trio_run, "Instruments", None), type)
 ):  # pragma: no cover - a trio outside the pin
-    raise ImportError(f"sim needs trio's _core._run._r, _ALLOW_DETERMINISTIC_SCHEDULING and TheIOManager "
+    raise ImportError(f"sim needs trio's _core._run._r, _ALLOW_DETERMINISTIC_SCHEDULING, TheIOManager and Instruments "
                       f"(trio {trio.__version__})")
 
 from .faults import Buggify, Crash, FaultPlan, SimHooks
@@ -108,7 +109,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
     """
     saved = (os.urandom, random.Random.seed, time.time, time.monotonic,
              _trio_run._ALLOW_DETERMINISTIC_SCHEDULING, _trio_run._r, os.getpid, trio.sleep,
-             _trio_run.TheIOManager)
+             _trio_run.TheIOManager, _trio_run.Instruments)
     scheduler = _SchedulerRandom(world.seed)  # (the same sequence as trio's _r seeded with world.seed)
     if world.scheduler_state is not None:  # a run resumed from a snapshot (sim.resume)
         scheduler.setstate(world.scheduler_state[0])
@@ -148,6 +149,7 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
     _trio_run._r = scheduler
     trio.sleep = sleep  # type: ignore[assignment]
     _trio_run.TheIOManager = _SimIOManager  # type: ignore[misc]
+    _trio_run.Instruments = _SimInstruments  # type: ignore[misc]
     try:
         yield
     finally:
@@ -157,7 +159,36 @@ def deterministic_process_state(world: "World") -> Iterator[None]:
         os.getpid = saved[6]
         trio.sleep = saved[7]  # type: ignore[assignment]
         _trio_run.TheIOManager = saved[8]  # type: ignore[misc]
+        _trio_run.Instruments = saved[9]  # type: ignore[misc]
         world.stats["task_steps"] += scheduler.steps
+
+
+class _SimInstruments(dict):  # type: ignore[type-arg]
+    """trio's ``Instruments`` (the run's instruments by hook) as a dict, so that ``hook in it``
+    is the dict's C-level lookup.
+
+    trio asks ``"before_task_step" in runner.instruments`` (and the same for four other hooks)
+    on every task step and tick: ~700 times a run, each a Python-level call of ``UserDict``'s
+    ``__contains__`` (trio's class is a UserDict).  The simulation installs no instrument, so
+    the answer is always no.  Same contents as trio's (``{"_all": {}}`` and one dict per hook
+    with instruments), the same methods (trio's own functions, which reach the contents through
+    ``.data``: here the dict itself), so an instrument a test adds still works.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, incoming: Any) -> None:
+        super().__init__({"_all": {}})
+        for instrument in incoming:
+            self.add_instrument(instrument)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self
+
+    add_instrument = _trio_run.Instruments.add_instrument
+    remove_instrument = _trio_run.Instruments.remove_instrument
+    call = _trio_run.Instruments.call
 
 
 class _SimIOManager(_trio_run.TheIOManager):  # type: ignore[misc,valid-type]

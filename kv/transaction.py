@@ -484,7 +484,7 @@ class Transaction:
             return None  # as FoundationDB: such a key cannot exist
         engine = self._engine
         if engine.hooked:
-            engine.hooks.on_read(self)
+            engine._hooks.on_read(self)  # (the attribute, not the property: a call less a read in the simulator)
         entry = self._writes.get(key)
         if entry is not None:
             kind, payload = entry
@@ -552,7 +552,7 @@ class Transaction:
         if begin >= end:
             return []
         if self._engine.hooked:
-            self._engine.hooks.on_read(self)
+            self._engine._hooks.on_read(self)
         if self._unreadable_ranges or self._unreadable_new:
             self._check_readable(begin, end)
         rows = self._merged_range(begin, end, limit, reverse)
@@ -676,7 +676,7 @@ class Transaction:
     async def _get_key(self, sel: KeySelector, snapshot: bool) -> bytes:
         self._check_usable()
         if self._engine.hooked:
-            self._engine.hooks.on_read(self)
+            self._engine._hooks.on_read(self)
         ref = sel.key
         if ref > SYSTEM_KEY_PREFIX:  # (RYW getKey: "key.getKey() > getMaxReadKey()"; \xff itself is legal)
             raise KVError(2004, "a key selector's key beyond \\xff is outside the legal range")
@@ -1045,7 +1045,7 @@ class Transaction:
             self._finish(-1, None)
             return
         if engine.hooked:
-            engine.hooks.before_commit(self)
+            engine._hooks.before_commit(self)
         read_version = self._read_version
         if read_version is None:  # a blind write: the commit's own read version (get_read_version answers it)
             read_version = self._read_version = engine.committed_version()

@@ -73,8 +73,8 @@ class RecordingTransaction(Transaction):
         cheap sleep (:meth:`VirtualClock.sleep`).  A plain method returning the
         awaitable, not a coroutine: most reads are answered at once, and each
         read then creates no coroutine for the decision.  The delay is
-        :meth:`World.latency`'s, inlined (~150 requests a run): the same draws in
-        the same order.
+        :meth:`World.latency`'s, the one place the latency distribution lives
+        (the clogged path draws from it too).
         """
         world = self.db.world
         if world is None:
@@ -83,17 +83,9 @@ class RecordingTransaction(Transaction):
         clock = world.clock
         if proc is not None and proc.clogged_until and proc.clogged_until > clock._now:
             return self._clogged(world, proc, commit)  # cut off from the store (clogged)
-        b = world.buggify
-        if b.enabled and b.gate and b("kv.latency"):
-            delay = world.rng.random() * 0.05
-        else:
-            r = world.rng.random()
-            if r < 0.3:
-                delay = r * 0.006  # 0 - 1.8 ms
-            elif commit or r < 0.5:
-                return _checkpoint()  # a yield
-            else:
-                return None  # answered at once
+        delay = world.latency(commit)
+        if delay is None:
+            return None  # answered at once
         return clock.sleep(delay) if delay else _checkpoint()
 
     @staticmethod

@@ -51,12 +51,13 @@ class Inject1021(FaultHooks):
 async def db(request, tmp_path):
     if request.param == "fdb-capi":
         # (tests/kv is on the path: pyproject's pythonpath)
-        from kvtest_helpers import open_stand_in
+        from kvtest_helpers import stand_in_database
 
-        database = await open_stand_in(tmp_path / "cluster")
-    else:
-        url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
-        database = await kv.open(url)
+        async with stand_in_database(tmp_path / "cluster") as database:
+            yield database
+        return
+    url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
+    database = await kv.open(url)
     try:
         yield database
     finally:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import struct
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 import trio
@@ -207,3 +208,15 @@ def check_stand_in() -> None:
 
     errors, fake_libfdb_c.internal_errors[:] = list(fake_libfdb_c.internal_errors), []
     assert not errors, "stand-in libfdb_c internal errors:\n" + "\n".join(errors)
+
+
+@asynccontextmanager
+async def stand_in_database(path: Path, **kw) -> AsyncIterator[kv.Database]:
+    """:func:`open_stand_in` (same arguments) as a context: the database is closed on exit,
+    then the test fails if the stand-in hit a bug of its own (:func:`check_stand_in`)."""
+    db = await open_stand_in(path, **kw)
+    try:
+        yield db
+    finally:
+        await db.close()
+    check_stand_in()

@@ -44,15 +44,10 @@ async def rt(request, tmp_path):
     whole loop -- claims, leases, watches for follow, versionstamped journal keys -- on the
     backend that has no cluster here."""
     if request.param == "fdb-capi":
-        from kvtest_helpers import check_stand_in, open_stand_in
+        from kvtest_helpers import stand_in_database
 
-        database = await open_stand_in(tmp_path / "cluster")
-        try:
-            async with Runtime.open(db=database) as rt:
-                yield rt
-        finally:
-            await database.close()
-        check_stand_in()
+        async with stand_in_database(tmp_path / "cluster") as database, Runtime.open(db=database) as rt:
+            yield rt
         return
     url = "memory:" if request.param == "memory" else f"lmdb:{tmp_path / 'data'}"
     async with Runtime.open(url) as rt:
@@ -671,33 +666,32 @@ async def handles(request, tmp_path):
     processes have: ``engine.database()`` on one memory engine, or (fdb-capi) another
     ``kv.open("fdb:CLUSTER_FILE")`` through the FoundationDB backend and the real bindings, on
     one stand-in cluster -- FoundationDB's deployment, where each process is a client."""
+    import contextlib
+
     import kv
 
-    opened: list = []
     if request.param == "memory":
         engine = kv.MemoryEngine()
 
         async def handle():
             return engine.database()
-    else:
-        from kvtest_helpers import check_stand_in, open_stand_in
 
-        shared: list = []
+        yield handle
+        return
+    from kvtest_helpers import stand_in_database
 
-        def one_cluster():  # (called on the stand-in's network thread, once per handle)
-            if not shared:
-                shared.append(kv.MemoryEngine())
-            return shared[0]
+    shared: list = []
 
+    def one_cluster():  # (called on the stand-in's network thread, once per handle)
+        if not shared:
+            shared.append(kv.MemoryEngine())
+        return shared[0]
+
+    async with contextlib.AsyncExitStack() as opened:
         async def handle():
-            db = await open_stand_in(tmp_path / "cluster", factory=one_cluster)
-            opened.append(db)
-            return db
-    yield handle
-    for db in opened:
-        await db.close()
-    if request.param == "fdb-capi":
-        check_stand_in()
+            return await opened.enter_async_context(stand_in_database(tmp_path / "cluster", factory=one_cluster))
+
+        yield handle
 
 
 async def test_stale_worker_is_fenced_off_and_the_new_one_recovers(handles):

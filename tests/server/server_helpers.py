@@ -62,15 +62,11 @@ async def _storage(url: str) -> AsyncIterator[Any]:
     if url != FDB_CAPI:
         yield None
         return
-    from kvtest_helpers import check_stand_in, open_stand_in
+    from kvtest_helpers import stand_in_database
 
     with tempfile.TemporaryDirectory(prefix="surefoot-standin-") as tmp:
-        db = await open_stand_in(Path(tmp))
-        try:
+        async with stand_in_database(Path(tmp)) as db:
             yield db
-        finally:
-            await db.close()
-    check_stand_in()
 
 
 def free_port() -> int:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+import signal
 import socket
+import subprocess
 import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +22,82 @@ from server.serve import default_agent, run_server
 
 TOKEN = "test-token-0123456789"
 FDB_CAPI = "fdb-capi"  # serving()'s url for the FoundationDB backend over the stand-in libfdb_c
+
+
+#: The line `surefoot serve` writes to stderr once it listens: it names the bound address.
+SERVING_LINE = re.compile(r"^surefoot serving \S+ on (http://\S+)", re.M)
+_starts = itertools.count()
+
+
+class ServeProcess:
+    """A server child process (``surefoot serve`` or tests/server/serve_child.py) on a port the
+    kernel picks: the command gets ``--port 0`` (or ``0``) and the test reads the bound address
+    from the serving line. A port picked by ``free_port()`` and bound later by the child can be
+    taken in between by any other process on the machine; on a busy host that made restarts fail.
+
+    stderr goes to a file of its own, so a chatty child never blocks on a full pipe and a child
+    that exits early is reported with what it said."""
+
+    def __init__(self, argv: list[str], *, tmp: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        self.err_path = tmp / f"serve-{next(_starts)}.err"
+        self._err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self._err)
+        self.url: str | None = None
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def _check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.stderr()}")
+
+    async def healthy(self, timeout: float = 30) -> str:
+        """Wait until the child listens and answers /readyz 200; its base url."""
+        with trio.fail_after(timeout):
+            while self.url is None:
+                self._check_alive()
+                m = SERVING_LINE.search(self.stderr())
+                if m:
+                    self.url = m.group(1)
+                else:
+                    await trio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=self.url, timeout=2) as c:
+                while True:
+                    self._check_alive()
+                    try:
+                        if (await c.get("/readyz")).status_code == 200:
+                            return self.url
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+
+    def client(self, token: str | None = TOKEN, **kw: Any) -> httpx.AsyncClient:
+        assert self.url, "healthy() first"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=kw.pop("timeout", 10), **kw)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        """Kill it if it still runs (a failed test), and close the stderr file."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._err.close()
+
+    async def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then its exit code (killed if it does not exit in ``timeout``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await trio.to_thread.run_sync(lambda: self.proc.wait(timeout))
+        finally:
+            self.close()
 
 
 @dataclass

@@ -13,7 +13,7 @@ import httpx
 import trio
 
 from server.cli import build_parser
-from server_helpers import free_port, wait_settled
+from server_helpers import ServeProcess, free_port, wait_settled
 from test_server_pricing import AUTH, Serve, child_env, run_cli  # (puts tests/loop on sys.path)
 
 from fake_providers import FakeProviderServer, FakeReply  # noqa: E402
@@ -23,7 +23,7 @@ def env() -> dict[str, str]:
     return child_env(ANTHROPIC_API_KEY="", ANTHROPIC_BASE_URL="")
 
 
-async def post_and_settle(s: Serve, conversation: str, message: str) -> dict:
+async def post_and_settle(s: ServeProcess, conversation: str, message: str) -> dict:
     async with httpx.AsyncClient(base_url=s.url, headers=AUTH, timeout=10) as c:
         r = await c.post(f"/v1/conversations/{conversation}/messages", json={"message": message})
         assert r.status_code == 202, r.text

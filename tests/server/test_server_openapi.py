@@ -4,15 +4,14 @@ contradicts the document, schema-violating requests rejected, schema-valid ones 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from server_helpers import TOKEN, free_port
-from test_server_process import start_cli, wait_healthy
+from server_helpers import TOKEN
+from test_server_process import start_cli
 
 pytest.importorskip("schemathesis")
 
@@ -23,11 +22,9 @@ MAX_EXAMPLES = int(os.environ.get("SUREFOOT_SCHEMATHESIS_EXAMPLES", "12"))
 
 @pytest.mark.slow
 async def test_schemathesis_finds_nothing(tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_cli(tmp_path / "data", port, "--workers", "2")
+    proc = start_cli(tmp_path, tmp_path / "data", "--workers", "2")
     try:
-        await wait_healthy(url, proc)
+        url = await proc.healthy()
         st = Path(sys.executable).parent / "st"
         cmd = [str(st), "--no-color", "--config-file", str(HERE / "schemathesis.toml"), "run", f"{url}/openapi.json",
                "-H", f"Authorization: Bearer {TOKEN}", "--checks", "all", "--max-examples", str(MAX_EXAMPLES),
@@ -37,9 +34,4 @@ async def test_schemathesis_finds_nothing(tmp_path):
         assert out.returncode == 0, report
         assert "passed" in out.stdout
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        await proc.stop(15)

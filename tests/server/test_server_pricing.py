@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +20,7 @@ import trio
 
 from loop.runtime import Runtime
 from server.cli import build_parser
-from server_helpers import TOKEN, free_port, wait_settled
-from test_server_process import wait_healthy
+from server_helpers import TOKEN, ServeProcess, free_port, wait_settled
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -40,38 +38,11 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-class Serve:
-    """A ``python -m server.cli serve`` child; stderr goes to a file (read after it exits)."""
-
-    def __init__(self, tmp: Path, data: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.err_path = tmp / f"serve-{self.port}.err"
-        self.err = open(self.err_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--data", str(data), "--port", str(self.port),
-             "--workers", "1", "--log-level", "warning", *extra],
-            env=env or child_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.err)
-
-    def stderr(self) -> str:
-        return self.err_path.read_text()
-
-    async def healthy(self) -> None:
-        try:
-            await wait_healthy(self.url, self.proc)
-        except AssertionError as e:  # it exited: say why
-            raise AssertionError(self.stderr()) from e
-
-    async def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = await trio.to_thread.run_sync(lambda: self.proc.wait(30))
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.err.close()
-        return rc
+def Serve(tmp: Path, data: Path, *extra: str, env: dict[str, str] | None = None) -> ServeProcess:
+    """A ``python -m server.cli serve`` child on a port the kernel picks; stderr to a file."""
+    return ServeProcess([sys.executable, "-m", "server.cli", "serve", "--data", str(data), "--port", "0",
+                         "--workers", "1", "--log-level", "warning", *extra],
+                        tmp=tmp, env=env or child_env(), cwd=ROOT)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

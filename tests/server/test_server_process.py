@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from server_helpers import TOKEN, SSEReader, free_port
+from server_helpers import TOKEN, ServeProcess, SSEReader
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -22,28 +21,16 @@ SSE = {"Accept": "text/event-stream"}
 ENV = {**os.environ, "SUREFOOT_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
 
 
-def start_child(data: Path, port: int, effects: Path, tick: float = 0.15) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "serve_child.py"), str(data), str(port), str(effects)],
-                            env={**ENV, "SUREFOOT_TEST_TICK_SECONDS": str(tick)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def start_child(tmp: Path, data: Path, effects: Path, tick: float = 0.15) -> ServeProcess:
+    """serve_child.py (a tool-using agent whose effects are logged) on a port the kernel picks."""
+    return ServeProcess([sys.executable, str(HERE / "serve_child.py"), str(data), "0", str(effects)], tmp=tmp,
+                        env={**ENV, "SUREFOOT_TEST_TICK_SECONDS": str(tick)})
 
 
-def start_cli(data: Path, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--data", str(data), "--port", str(port),
-                             *extra], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-async def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    with trio.fail_after(timeout):
-        async with httpx.AsyncClient(base_url=url, timeout=2) as c:
-            while True:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else proc.returncode
-                try:
-                    if (await c.get("/readyz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.05)
+def start_cli(tmp: Path, data: Path, *extra: str) -> ServeProcess:
+    """``python -m server.cli serve`` on a port the kernel picks."""
+    return ServeProcess([sys.executable, "-m", "server.cli", "serve", "--data", str(data), "--port", "0", *extra],
+                        tmp=tmp, env=ENV, cwd=ROOT)
 
 
 def settled(f: dict) -> bool:
@@ -53,14 +40,12 @@ def settled(f: dict) -> bool:
 async def test_sigkill_mid_turn_then_restart_settles_everything_once(tmp_path):
     data, effects = tmp_path / "data", tmp_path / "effects.txt"
     effects.touch()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_child(data, port, effects)
+    proc = start_child(tmp_path, data, effects)
     try:
-        await wait_healthy(url, proc)
+        await proc.healthy()
         acks = []
         frames: list[dict] = []
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        async with proc.client() as c:
             for i in range(6):
                 r = await c.post(f"/v1/conversations/c{i % 2}/messages", json={"message": f"m{i}"},
                                  headers={"Idempotency-Key": f"kill-{i}"})
@@ -77,7 +62,7 @@ async def test_sigkill_mid_turn_then_restart_settles_everything_once(tmp_path):
                                 frames.append(f)
                             if f.get("event") == "tool.started" and len(effects.read_text().split()) >= 3:
                                 await trio.sleep(0.05)  # the effect is recorded; its result is not
-                                proc.send_signal(signal.SIGKILL)
+                                proc.signal(signal.SIGKILL)
                                 break
                     # read what was already sent, until the connection drops
                     with trio.move_on_after(5):
@@ -88,11 +73,12 @@ async def test_sigkill_mid_turn_then_restart_settles_everything_once(tmp_path):
             except (httpx.TransportError, StopAsyncIteration):
                 pass
         proc.wait(10)
+        proc.close()
         before_restart = effects.read_text().split()
-        # restart on the same data directory
-        proc = start_child(data, port, effects)
-        await wait_healthy(url, proc)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        # restart on the same data directory (on another port: the follower resumes there)
+        proc = start_child(tmp_path, data, effects)
+        await proc.healthy()
+        async with proc.client() as c:
             # the follower resumes from its last id, without gap, until every c0 run settled
             c0_runs = {a["run_id"] for a in acks if a["conversation_id"] == "c0"}
             seen_settled = {json.loads(f["data"])["data"]["run_id"] for f in frames if settled(f)}
@@ -135,65 +121,63 @@ async def test_sigkill_mid_turn_then_restart_settles_everything_once(tmp_path):
             r = await c.post("/v1/conversations/c0/messages", json={"message": "m0"}, headers={"Idempotency-Key": "kill-0"})
             assert r.status_code == 200 and r.json()["run_id"] == acks[0]["run_id"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        proc.close()
 
 
 async def test_sigterm_is_graceful_and_second_process_refused(tmp_path):
     data = tmp_path / "data"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_cli(data, port, "--workers", "2")
+    proc = start_cli(tmp_path, data, "--workers", "2")
     try:
-        await wait_healthy(url, proc)
+        await proc.healthy()
         # a second server on the same directory is refused with a clear message
-        second = start_cli(data, free_port())
-        _, err = second.communicate(timeout=30)
-        assert second.returncode == 1
-        assert b"surefoot serve:" in err and b"Traceback" not in err
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        second = start_cli(tmp_path, data)
+        try:
+            assert second.wait(30) == 1
+            err = second.stderr()
+            assert "surefoot serve: data directory" in err and "already open by pid" in err, err
+            assert "Traceback" not in err
+        finally:
+            second.close()
+        async with proc.client() as c:
             r = await c.post("/v1/conversations/c/messages", json={"message": "hello"})
             assert r.status_code == 202
             async with c.stream("GET", "/v1/conversations/c/events", headers=SSE) as r:
                 reader = SSEReader(r)
                 await reader.events_until(settled)
-                proc.send_signal(signal.SIGTERM)
+                proc.signal(signal.SIGTERM)
                 closing = await reader.events_until(lambda f: f.get("event") == "stream.closing", timeout=10)
                 assert closing[-1]["event"] == "stream.closing"
         assert proc.wait(15) == 0
+        proc.close()
         # and it comes back with the data
-        proc = start_cli(data, port)
-        await wait_healthy(url, proc)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        proc = start_cli(tmp_path, data)
+        await proc.healthy()
+        async with proc.client() as c:
             msgs = (await c.get("/v1/conversations/c/messages")).json()["messages"]
             assert "You said: hello" in json.dumps(msgs)
-        proc.send_signal(signal.SIGINT)
+        proc.signal(signal.SIGINT)
         assert proc.wait(15) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        proc.close()
 
 
 async def test_sigterm_mid_turn_releases_leases_so_a_restart_resumes_at_once(tmp_path):
     data, effects = tmp_path / "data", tmp_path / "effects.txt"
     effects.touch()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_child(data, port, effects, tick=3.0)  # a turn far longer than the shutdown
+    proc = start_child(tmp_path, data, effects, tick=3.0)  # a turn far longer than the shutdown
     try:
-        await wait_healthy(url, proc)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        await proc.healthy()
+        async with proc.client() as c:
             ack = (await c.post("/v1/conversations/t/messages", json={"message": "go"})).json()
             with trio.fail_after(20):
                 while not effects.read_text().split():
                     await trio.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
+        proc.signal(signal.SIGTERM)
         assert proc.wait(15) == 0
-        proc = start_child(data, port, effects, tick=0.05)
-        await wait_healthy(url, proc)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as c:
+        proc.close()
+        proc = start_child(tmp_path, data, effects, tick=0.05)
+        await proc.healthy()
+        async with proc.client() as c:
             # well inside the 10 s lease: the lease was released, not left to lapse
             with trio.fail_after(6):
                 while True:
@@ -206,6 +190,4 @@ async def test_sigterm_mid_turn_releases_leases_so_a_restart_resumes_at_once(tmp
             assert len(starts) >= 2, "the turn must have been cut by the shutdown and resumed"
         assert max(Counter(effects.read_text().split()).values()) == 1
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        proc.close()

@@ -178,7 +178,9 @@ class RangeResult:
 
     async def __aiter__(self) -> AsyncIterator[KeyValue]:
         tr, begin, end, limit, reverse, snapshot = self._args
-        begin, end = await tr._resolve_bounds(begin, end, snapshot)
+        # Pages as fdb's FDBRange: each one a range read with the selectors as given (its own
+        # read conflict range, as FoundationDB records per getRange), then continuing from
+        # first_greater_than(last row) (reverse: ending at first_greater_or_equal(last row)).
         remaining = limit
         while True:
             page_limit = _RANGE_PAGE if not remaining else min(remaining, _RANGE_PAGE)
@@ -546,7 +548,7 @@ class Transaction:
         if limit < 0:
             raise KVError(2000, "limit must be >= 0")
         if type(begin) is not bytes or type(end) is not bytes:
-            begin, end = await self._resolve_bounds(begin, end, snapshot)
+            return self._selector_range(begin, end, limit, reverse, snapshot)
         if end > SYSTEM_KEY_PREFIX:
             raise KVError(2004, "range end beyond \\xff is outside the legal range")
         if begin >= end:
@@ -565,6 +567,105 @@ class Transaction:
             else:
                 self._add_read_range(begin, end)
         return rows
+
+    def _selector_range(self, begin: bytes | KeySelector, end: bytes | KeySelector, limit: int,
+                        reverse: bool, snapshot: bool) -> list[KeyValue]:
+        """A range read with a KeySelector bound, recording the one read conflict range
+        FoundationDB's RYW client records for it (docs/kv-api.md, "Range reads with key
+        selectors"): built from the selectors' own keys and the rows returned
+        (``RYWImpl::addConflictRange`` for ``GetRangeReq``), not from resolving each
+        selector as a ``get_key`` (which adds the span up to the resolved key, and so made
+        writes just past an end selector's key conflict where FoundationDB's would not).
+        """
+        # ReadYourWritesTransaction::getRange: both keys checked before anything is resolved
+        bk, boff = (begin, 1) if type(begin) is bytes else (begin.key, begin.offset)
+        ek, eoff = (end, 1) if type(end) is bytes else (end.key, end.offset)
+        if bk > SYSTEM_KEY_PREFIX or ek > SYSTEM_KEY_PREFIX:
+            raise KVError(2004, "a range selector's key beyond \\xff is outside the legal range")
+        # removeOrEqual: (k, or_equal, n) is (keyAfter(k), not or_equal, n)
+        if type(begin) is not bytes and begin.or_equal:
+            bk = key_after(bk)
+        if type(end) is not bytes and end.or_equal:
+            ek = key_after(ek)
+        if boff >= eoff and bk >= ek:
+            return []  # "RYW range inverted": no read, no conflict range
+        if self._engine.hooked:
+            self._engine._hooks.on_read(self)
+        b_at, lo = self._resolve_position(bk, boff)
+        e_at, hi = self._resolve_position(ek, eoff)
+        if b_at >= e_at:
+            # resolved to an empty range: getRangeValue returns RangeResultRef(false, false)
+            rows: list[KeyValue] = []
+            to_begin = through_end = False
+        else:
+            if lo < hi:
+                if self._unreadable_ranges or self._unreadable_new:
+                    self._check_readable(lo, hi)
+                rows = self._merged_range(lo, hi, limit, reverse)
+            else:
+                rows = []
+            # resolveKeySelectorFromCache: readToBegin when a selector is left before the
+            # first key, readThroughEnd when one is left 2+ keys past the last (a selector one
+            # past the last key is first_greater_or_equal of the key after it, unflagged)
+            to_begin = b_at[0] == 0 or e_at[0] == 0
+            through_end = (b_at[0] == 2 and b_at[1] >= 2) or (e_at[0] == 2 and e_at[1] >= 2)
+        if snapshot:
+            return rows
+        more = bool(limit) and len(rows) >= limit
+        if not reverse:
+            # RYWImpl::addConflictRange(GetRangeReq<false>); getRangeValue's result flags:
+            # readThroughEnd = !more && readThroughEnd
+            if bk < ek:
+                rb, re = bk, (bk if eoff > 0 and more else ek)
+            else:
+                rb, re = ek, bk
+            if to_begin and boff <= 0:
+                rb = b""
+            if through_end and not more and eoff > 0:
+                re = SYSTEM_KEY_PREFIX
+            if rows:
+                if boff <= 0 and rows[0][0] < rb:
+                    rb = rows[0][0]
+                if re <= rows[-1][0]:
+                    re = key_after(rows[-1][0])
+        else:
+            # RYWImpl::addConflictRange(GetRangeReq<true>); getRangeValueBack's result flags:
+            # readToBegin = !more && readToBegin
+            if bk < ek:
+                rb, re = (ek if boff <= 1 and more else bk), ek
+            else:
+                rb, re = ek, bk
+            if to_begin and not more and boff <= 0:
+                rb = b""
+            if through_end and eoff > 0:
+                re = SYSTEM_KEY_PREFIX
+            if rows:
+                if rows[-1][0] < rb:
+                    rb = rows[-1][0]
+                if eoff > 0 and re <= rows[0][0]:
+                    re = key_after(rows[0][0])
+        if rb < re:
+            self._add_read_range(rb, re)
+        return rows
+
+    def _resolve_position(self, key: bytes, offset: int) -> tuple[tuple[int, int, bytes], bytes]:
+        """Where the selector (key, offset), or_equal already removed, lands in this
+        transaction's view, and the key it resolves to (b"" before the first key, \\xff past
+        the last). The first item orders positions: (0, n, b"") n <= 0 before the first key,
+        (1, 0, k) at key k, (2, n, b"") n >= 1 at or past the end (n = 1: just past the last
+        key). Reads without recording a conflict: the range read records one for all."""
+        if offset >= 1:
+            rows = self._merged_range(key, SYSTEM_KEY_PREFIX, offset, False) if key < SYSTEM_KEY_PREFIX else []
+            if len(rows) == offset:
+                k = rows[-1][0]
+                return (1, 0, k), k
+            return (2, offset - len(rows), b""), SYSTEM_KEY_PREFIX
+        need = 1 - offset
+        rows = self._merged_range(b"", key, need, True) if key > b"" else []
+        if len(rows) == need:
+            k = rows[-1][0]
+            return (1, 0, k), k
+        return (0, offset + len(rows), b""), b""
 
     def _add_read_range(self, begin: bytes, end: bytes) -> None:
         """Record [begin, end) minus what this transaction's own writes answer.

@@ -11,26 +11,14 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from loop import Agent, Runtime, ScriptedModel, tool
-from loop.providers import reply, tool_call
+from loop import Runtime
 from loop.runtime import CLAIMERS
 from sessions.journal import decode_cursor
-
-
-def tool_agent() -> Agent:
-    @tool
-    async def noop() -> str:
-        """Does nothing."""
-        return "ok"
-
-    def script(messages, tools):
-        return "done" if messages[-1]["role"] == "tool" else reply("", tool_call("noop"))
-
-    return Agent("cost", "Cost agent.", ScriptedModel(script), tools=[noop])
+from turn_helpers import noop_tool_agent
 
 
 async def test_tool_turn_through_run_commits_four_times_submitting_and_beginning_in_one(tmp_path):
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
         assert (await rt.run(agent, "warm", "go")).ok
         before = rt.db.engine.stats["commits"]
@@ -55,7 +43,7 @@ async def test_tool_turn_through_run_commits_four_times_submitting_and_beginning
 async def test_tool_turn_submitted_to_an_idle_worker_commits_four_times(tmp_path):
     """rt.submit with a claim loop idle: the run is claimed for that worker in the submitting
     commit and handed over in memory (no ready entry, no claim or wait transaction)."""
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=2, agents=[agent]) as rt:
         assert (await rt.run(agent, "warm", "go")).ok
         await trio.testing.wait_all_tasks_blocked()
@@ -79,7 +67,7 @@ async def test_tool_turn_submitted_to_an_idle_worker_commits_four_times(tmp_path
 
 
 async def test_tool_turn_claimed_from_the_ready_index_commits_five_times_and_begins_with_its_claim(tmp_path):
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=0, agents=[agent]) as rt:
         assert (await rt.run(agent, "warm", "go")).ok
         before = rt.db.engine.stats["commits"]
@@ -123,7 +111,7 @@ def _count_claims(rt: Runtime, *, taken_only: bool = False) -> list[int]:
 async def test_a_submission_does_not_wake_every_idle_worker():
     import kv
 
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     engine = kv.MemoryEngine()
     async with Runtime.open(db=engine.database(), workers=16, agents=[agent]) as rt, \
             Runtime.open(db=engine.database(), workers=0, agents=[agent]) as front:
@@ -140,7 +128,7 @@ async def test_a_submission_does_not_wake_every_idle_worker():
 
 async def test_run_wakes_no_idle_worker():
     """rt.run claims its own run in the submitting transaction: no ready entry, no signal."""
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     async with Runtime.open("memory:", workers=16, agents=[agent]) as rt:
         calls = _count_claims(rt)
         waits = [0]
@@ -160,7 +148,7 @@ async def test_run_wakes_no_idle_worker():
 
 
 async def test_a_burst_of_runs_is_claimed_by_more_than_the_two_seats(tmp_path):
-    agent = tool_agent()
+    agent = noop_tool_agent("cost")
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", workers=8, agents=[agent]) as rt:
         acks = [await rt.submit(agent, f"b{i}", "go") for i in range(24)]
         outs = [await rt.wait(a) for a in acks]

@@ -5,26 +5,14 @@ from __future__ import annotations
 
 import cbor2
 
-from loop import Agent, Runtime, ScriptedModel, tool
-from loop.providers import reply, tool_call
+from loop import Runtime
 from loop.runner import _message_events
 from sessions.codec import Encoded
-
-
-def tool_agent() -> Agent:
-    @tool
-    async def noop() -> str:
-        """Does nothing."""
-        return "ok"
-
-    def script(messages, tools):
-        return "done" if messages[-1]["role"] == "tool" else reply("", tool_call("noop"))
-
-    return Agent("bytes", "Bytes agent.", ScriptedModel(script), tools=[noop])
+from turn_helpers import noop_tool_agent
 
 
 async def test_stored_message_events_are_the_encoding_of_their_dicts(tmp_path):
-    agent = tool_agent()
+    agent = noop_tool_agent("bytes")
     async with Runtime.open(f"lmdb:{tmp_path / 'data'}", agents=[agent]) as rt:
         out = await rt.run(agent, "c1", "go")
         assert out.ok

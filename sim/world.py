@@ -21,18 +21,25 @@ process, so a crash cannot hide one.
 
 from __future__ import annotations
 
+import atexit
+import contextvars
 import functools
 import hashlib
 import heapq
 import logging
 import os
 import random
+import sys
+import threading
 import time
+import warnings
 from time import process_time as _process_time  # (bound at import: the run patches time.time/monotonic)
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncContextManager, Awaitable, Callable, Iterator, TypeVar
 
+import outcome
+from sniffio import thread_local as _sniffio_library
 import trio
 from trio._core import _run as _trio_run  # private: the scheduler's PRNG and determinism flag
 
@@ -664,9 +671,230 @@ class World:
             self.finished_at = self.now()
 
         with deterministic_process_state(self):
-            trio.run(entry, clock=self.clock, strict_exception_groups=True)
+            host = _host() if trio.run is _TRIO_RUN else None  # (a patched trio.run: a test's instrument)
+            if host is not None:
+                host.run(entry, self.clock)
+            else:
+                trio.run(entry, clock=self.clock, strict_exception_groups=True)
         if not self.aborted:
             self.trace.add("end", f"{self.finished_at:.6f}", self.stats["commits"])
+
+
+_TRIO_RUN = trio.run
+# A hosted run that leaves work behind in trio (a task in its system nursery, a run_sync_soon
+# callback) is given at most this many more scheduler ticks to finish it before the host is retired.
+HOST_DRAIN_TICKS = 1_000
+assert HOST_DRAIN_TICKS > 0
+
+
+class _TrioHost:
+    """One ``trio.run`` that hosts the simulation's runs one after another.
+
+    Why: a fresh ``trio.run`` per simulated run costs ~0.7 ms of set-up and tear-down (the Runner,
+    its I/O manager's epoll and wake-up sockets, the signal set-up, trio's init task and three
+    nurseries, the run_sync_soon task, the async-generator hooks, and all of it torn down again),
+    ~5% of the bench's CPU, the same in every run.  The host does that once per thread and runs
+    each simulated run's ``entry`` inline in its main task, stepping trio's own event loop
+    (``unrolled_run``, the generator ``trio.run`` drives) from here, and pausing it when the run is
+    over.
+
+    The same run, step for step (the trace witnesses it; tests/sim compares hosted runs with runs
+    in a fresh ``trio.run``).  What a run meets in trio is what a fresh run gives it:
+
+    * the scheduler: each run's seeded PRNG (``_r``) is installed around it as before, and a fresh
+      run's only scheduling before ``entry`` starts — its second tick, which steps the main task and
+      the run_sync_soon task in one shuffled batch — is drawn from it exactly (``_START_BATCH``);
+      trio sorts a batch by task creation order before shuffling, and here as there the main task
+      was created before the run_sync_soon task and both before any task of the run;
+    * the clock: the Runner's clock is the run's ``VirtualClock`` for the run;
+    * the main task's context: a copy of the caller's, as ``trio.run`` takes it;
+    * what a fresh run's tear-down does after ``entry`` returns — close the async generators still
+      alive (the run's, e.g. a model stream dropped unfinished), let the run_sync_soon callbacks
+      and the system tasks they start finish — is done before the run returns, inside its world,
+      so nothing of one run reaches the next.  If a run leaves more than that behind (or raises),
+      the host is retired and the next run gets a new one.
+
+    Between runs the thread is not in trio (``GLOBAL_RUN_CONTEXT`` and the async-generator hooks are
+    put back), so synchronous code and other ``trio.run`` calls (tests) see no run.  The host
+    installs no SIGINT handler (trio's KeyboardInterrupt protection): Ctrl-C interrupts a hosted run
+    as it interrupts any Python code.
+    """
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.idle_clock = VirtualClock()
+        self.context = contextvars.copy_context()
+        self.broken = False
+        self.idle = False
+        self.task: Any = None
+        self.result: Any = None
+        self.timeout = 0.0
+        saved_r, saved_hooks = _trio_run._r, sys.get_asyncgen_hooks()
+        _trio_run._r = random.Random(0)  # (the host's own start draws from no run's PRNG)
+        try:
+            runner = self.runner = _trio_run.Runner(
+                clock=self.idle_clock, instruments=_SimInstruments(()), io_manager=_SimIOManager(),
+                system_context=contextvars.copy_context(), ki_manager=_trio_run.KIManager(),
+                strict_exception_groups=True)
+            runner.asyncgens.install_hooks(runner)
+            self.hooks = sys.get_asyncgen_hooks()
+            _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
+            self.gen = _trio_run.unrolled_run(runner, self._main, (), host_uses_signal_set_wakeup_fd=True)
+            self.timeout = self.gen.send(None)
+            self._drive()  # to the main task's first wait for a run
+        finally:
+            _trio_run._r = saved_r
+            sys.set_asyncgen_hooks(*saved_hooks)
+            _trio_run.GLOBAL_RUN_CONTEXT.__dict__.pop("runner", None)
+        assert self.idle and self.task is not None
+
+    async def _main(self) -> None:
+        self.task = _current_task()
+        while True:
+            self.idle = True
+            entry = await _wait_task_rescheduled(_never_abort)
+            self.idle = False
+            if entry is None:
+                return
+            self.result = await outcome.acapture(entry)
+            del entry
+            # a fresh run's tear-down: close the async generators still alive (its finalize_remaining)
+            alive = self.runner.asyncgens.alive
+            for agen in list(alive):
+                alive.discard(agen)
+                try:
+                    await agen.aclose()
+                except BaseException:  # noqa: BLE001 - as trio's finaliser, which logs and goes on
+                    pass
+                del agen
+
+    def _quiet(self) -> bool:
+        runner = self.runner
+        entry = runner.entry_queue
+        return (self.idle and not runner.runq and not entry.queue and not entry.idempotent_queue
+                and not runner.system_nursery.child_tasks)
+
+    def _drive(self) -> None:
+        """Step trio's event loop (as ``trio.run`` does) until the main task waits for the next run
+        and nothing else is left to do; a host that does not get there is retired (``broken``)."""
+        gen = self.gen
+        get_events = self.runner.io_manager.get_events
+        timeout = self.timeout
+        drain = 0
+        while True:
+            if self.idle:
+                if self._quiet():
+                    break
+                drain += 1
+                if drain > HOST_DRAIN_TICKS:
+                    self.broken = True
+                    break
+            timeout = gen.send(get_events(timeout))
+        self.timeout = timeout
+
+    def run(self, entry: Callable[[], Awaitable[None]], clock: VirtualClock) -> None:
+        """``trio.run(entry, clock=clock)``, hosted; inside :func:`deterministic_process_state`."""
+        runner = self.runner
+        scheduler = _trio_run._r
+        # a fresh run's second tick (see above): its draws, not its steps (the task steps counted are
+        # the run's own; a fresh trio.run adds 8 of its own start and tear-down)
+        random.Random.shuffle(scheduler, _START_BATCH.copy())
+        saved_hooks = sys.get_asyncgen_hooks()
+        sys.set_asyncgen_hooks(*self.hooks)
+        _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
+        saved_lib, _sniffio_library.name = _sniffio_library.name, "trio"
+        runner.clock = clock
+        task = self.task
+        task.context = contextvars.copy_context()  # (the caller's, as trio.run gives its main task)
+        self.idle = False
+        runner.reschedule(task, outcome.Value(entry))
+        try:
+            self._drive()
+        except BaseException:
+            self.broken = True
+            raise
+        finally:
+            runner.clock = self.idle_clock
+            task.context = self.context  # (drop the run's context: nothing of it lives on)
+            _sniffio_library.name = saved_lib
+            _trio_run.GLOBAL_RUN_CONTEXT.__dict__.pop("runner", None)
+            _trio_run.GLOBAL_RUN_CONTEXT.__dict__.pop("task", None)
+            sys.set_asyncgen_hooks(*saved_hooks)
+            if self.broken:
+                _retire(self)
+        result, self.result = self.result, None
+        if result is None:
+            raise RuntimeError("a hosted simulation run did not finish")
+        if isinstance(result, outcome.Error):  # (the host is sound, but start the next run afresh)
+            _retire(self)
+        result.unwrap()
+
+    def close(self) -> None:
+        """End the hosted ``trio.run`` as ``trio.run`` ends (the main task returns)."""
+        if self.gen is None:
+            return
+        gen, self.gen = self.gen, None
+        saved_hooks = sys.get_asyncgen_hooks()
+        try:
+            if self.broken or not self.idle:  # (the loop is in no state to finish: drop it)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    gen.close()
+                    for task in list(self.runner.tasks):
+                        try:
+                            task.coro.close()
+                        except BaseException:  # noqa: BLE001
+                            pass
+                return
+            sys.set_asyncgen_hooks(*self.hooks)
+            _trio_run.GLOBAL_RUN_CONTEXT.runner = self.runner
+            self.runner.reschedule(self.task, outcome.Value(None))
+            timeout = self.timeout
+            get_events = self.runner.io_manager.get_events
+            try:
+                while True:
+                    timeout = gen.send(get_events(timeout))
+            except StopIteration:
+                pass
+        finally:
+            _trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
+            sys.set_asyncgen_hooks(*saved_hooks)
+
+
+def _never_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED  # (the host's main task is never cancelled while it waits)
+
+
+# (what trio shuffles in a fresh run's second tick: the main task and the run_sync_soon task)
+_START_BATCH = [0, 1]
+_hosts: dict[int, _TrioHost] = {}
+
+
+def _host() -> "_TrioHost | None":
+    """This thread's host (made on first use), or None where a fresh ``trio.run`` must be used: inside
+    a trio run already (nested runs are refused as ``trio.run`` refuses them)."""
+    if _trio_run.GLOBAL_RUN_CONTEXT.__dict__.get("runner") is not None:
+        return None
+    host = _hosts.get(threading.get_ident())
+    if host is None or host.broken:
+        host = _hosts[threading.get_ident()] = _TrioHost()
+    return host
+
+
+def _retire(host: _TrioHost) -> None:
+    """Close ``host``; the thread's next run gets a new one."""
+    if _hosts.get(host.thread) is host:
+        del _hosts[host.thread]
+    try:
+        host.close()
+    except BaseException:  # noqa: BLE001 - a retired host's leftovers are dropped
+        pass
+
+
+@atexit.register
+def _close_hosts() -> None:
+    for host in list(_hosts.values()):
+        _retire(host)
 
 
 def _stuck_tasks() -> list[str]:

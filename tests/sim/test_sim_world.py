@@ -57,14 +57,70 @@ def test_determinism_across_processes_and_hash_seeds():
 
 
 def test_process_globals_are_restored_after_a_run():
+    import sniffio
+
     def state():
         return (os.urandom, time.time, time.monotonic, random.Random.seed, trio_run._ALLOW_DETERMINISTIC_SCHEDULING,
-                trio.sleep, trio_run._r, trio_run._r.getstate(), trio_run.TheIOManager)
+                trio.sleep, trio_run._r, trio_run._r.getstate(), trio_run.TheIOManager, trio_run.Instruments,
+                sys.get_asyncgen_hooks(), sniffio.thread_local.name)
 
     saved = state()
     run_once(OutboxScenario, 3, random_plan(3))
     assert state() == saved
     assert len({os.urandom(8) for _ in range(3)}) == 3
+    # between runs the thread is in no trio run (the runs' host, sim.world._TrioHost, is paused):
+    # a plain trio.run works, and sees its own clock and async generators
+    assert not hasattr(trio_run.GLOBAL_RUN_CONTEXT, "runner")
+
+    async def plain():
+        async def agen():
+            yield trio.current_time()
+
+        async for t in agen():
+            return t
+
+    assert trio.run(plain, clock=trio.testing.MockClock(rate=0, autojump_threshold=0)) == 0.0
+    saved = state()  # (that run drew from trio's own scheduler PRNG)
+    run_once(OutboxScenario, 3, random_plan(3))
+    assert state() == saved
+
+
+def test_a_hosted_run_is_the_run_a_fresh_trio_run_gives():
+    """The runs of a session share one trio.run (sim.world._TrioHost: its set-up and tear-down were
+    ~5% of the bench); each run is step for step what it is in a fresh trio.run, including resumed
+    crash runs and crash runs that stop at their crash point and go on from their snapshot, and a
+    run that raises retires the host without affecting the next."""
+    import sim.world
+    from sim.harness import exhaustive
+
+    def runs(name, seed):
+        out = [(r.trace, r.writes, r.commits, r.checks, r.transactions, r.faults, r.violations)
+               for r in exhaustive(SCENARIOS[name], seed, limit=3)]
+        out.append(run_once(SCENARIOS[name], seed, FaultPlan().with_crash(2, "after")).trace)
+        out.append(run_once(SCENARIOS[name], seed, random_plan(seed)).trace)
+        return out
+
+    hosted = {name: runs(name, 5) for name in ("tool", "two-runtimes", "thinking")}
+    assert sim.world._hosts  # (the runs above were hosted)
+    saved = sim.world._TRIO_RUN
+    sim.world._TRIO_RUN = None  # every run in a fresh trio.run, as before the host
+    try:
+        assert {name: runs(name, 5) for name in hosted} == hosted
+    finally:
+        sim.world._TRIO_RUN = saved
+
+    from sim.world import World
+
+    async def boom(world):
+        await trio.sleep(1)
+        raise ValueError("boom")
+
+    host = sim.world._host()
+    with pytest.raises(BaseExceptionGroup) as raised:  # noqa: F821 - py311 builtin
+        World(1).run(boom)
+    assert raised.group_contains(ValueError, match="boom")
+    assert sim.world._hosts.get(host.thread) is not host and host.gen is None  # (retired, closed)
+    assert runs("tool", 5) == hosted["tool"]
 
 
 def test_trios_entry_queue_still_runs_in_the_world():
@@ -125,9 +181,13 @@ def test_task_steps_counted_by_the_scheduler_prng_are_the_steps_trio_takes(monke
             seen["steps"] += 1
 
     real_run = trio.run
+    # (a patched trio.run: the run is not hosted, sim.world._TrioHost, but given a fresh trio.run)
     monkeypatch.setattr(sim.world.trio, "run", lambda *a, **kw: real_run(*a, instruments=[Count()], **kw))
     counted = run_once(SCENARIOS[name], 7, random_plan(7))
-    assert seen["steps"] == counted.task_steps == plain.task_steps > 0
+    assert seen["steps"] == counted.task_steps > 0
+    # a hosted run takes the same steps but for a fresh trio.run's own 8 (its init task's, the
+    # run_sync_soon task's), and the same trace
+    assert plain.task_steps == counted.task_steps - 8
     assert counted.trace == plain.trace
 
 

@@ -83,6 +83,7 @@ _OPCODES = {
 # FoundationDB error codes this module produces itself.
 _COMMIT_UNKNOWN_RESULT = 1021
 _TRANSACTION_CANCELLED = 1025
+_TIMED_OUT = 1031
 _OPERATION_CANCELLED = 1101
 _CLIENT_INVALID_OPERATION = 2000
 _USED_DURING_COMMIT = 2017
@@ -713,12 +714,14 @@ class FDBTransaction:
             fut = self._tr.on_error(error.code)
         try:
             await _result(fut, lambda f: f.wait())
-        except KVError:
+        except KVError as err:
             # A failed on_error leaves libfdb_c's transaction cancelled (RYWImpl::onError, API
             # >= 610: resetPromise.sendError(transaction_cancelled)) until reset(): raised at
             # the call from now on, as after cancel() (see _usable).
             if not owner._cancelled:
-                owner._cancelled = _TRANSACTION_CANCELLED
+                # (1031: the timeout had run out, so libfdb_c's resetPromise holds
+                # transaction_timed_out, which onError threw and left set)
+                owner._cancelled = _TIMED_OUT if err.code == _TIMED_OUT else _TRANSACTION_CANCELLED
             raise
         self._owner._forget_attempt()  # on_error reset the transaction
 

@@ -376,6 +376,15 @@ class Transaction:
         # of those until reset/on_error; see _update_slow. (Kept by every site that sets one.)
         self._slow = self._timeout is not None
 
+    def __del__(self) -> None:
+        # "If an uncommitted transaction is reset or destroyed, then any watches it created
+        # will be set with the transaction_cancelled error" (NativeAPI ~Transaction:
+        # cancelWatches()); armed ones were handed to the engine and are not in the list.
+        watches = getattr(self, "_watches", None)
+        if watches:
+            for w in watches:
+                w._fire(KVError(1025, "transaction destroyed before its watch was armed"))
+
     def reset(self) -> None:
         """Forget everything, as a new transaction (options other than the persistent ones reset)."""
         for w in self._watches:
@@ -401,8 +410,10 @@ class Transaction:
         if not self._cancelled:
             self._cancelled = 1025
         self._slow = True
-        for w in self._watches:
-            w._fire(KVError(1025))
+        # Watches not armed by a commit stay pending: RYW cancel() only sets resetPromise, and
+        # RYWImpl::watch waits on it only until the watch's read is done (kv's read is done when
+        # watch() returns); after that the watch waits in NativeAPI's `watches`, which only
+        # cancelWatches() (transaction_cancelled, at reset or destruction) or a commit fails.
         if self._versionstamp is not None:
             self._versionstamp._set(error=KVError(1025))
         if self._snap is not None:
@@ -973,6 +984,14 @@ class Transaction:
         if type(value) is not bytes or len(value) > VALUE_SIZE_LIMIT:
             _check_value(value)
             value = bytes(value)
+        if self._slow and self._watches:
+            # RYW atomicOp(SetVersionstampedKey): transformVersionstampKey places the stamp's
+            # lower bound (read version + 1, batch 0; 0 without a read version) in the key, its
+            # 4-byte offset suffix kept, and triggerWatches(k, valueKnown=false) fires a watch
+            # on exactly that key (never one on the final key, unknown until the commit)
+            rv = self._read_version
+            low = (0 if rv is None else rv + 1).to_bytes(8, "big") + b"\x00\x00"
+            self._trigger_watches(key[:offset] + low + key[offset + 10 :], None, _UNKNOWN)
         mutations = self._mutations
         stamped = (len(mutations), "key", body, value, offset)
         mutations.append(("set", body, value))  # replaced at resolve time
@@ -1204,6 +1223,13 @@ class Transaction:
             raise error
         if self._cancelled:  # RYWImpl::onError: a set resetPromise is thrown before anything else
             raise KVError(self._cancelled)
+        if self._timeout is not None and time.monotonic() - self._started > self._timeout:
+            # The timeout has run out: FoundationDB's timebomb has set resetPromise with
+            # transaction_timed_out, so onError throws that (whatever `error` is) and leaves it
+            # set: later uses are 1031 too, not the 1025 of a failed on_error, until reset().
+            self._cancelled = 1031
+            self._slow = True
+            raise KVError(1031)
         if not error.retryable or (self._retry_limit >= 0 and self._retries >= self._retry_limit):
             # RYWImpl::onError's catch (API >= 610): resetPromise.sendError(transaction_cancelled)
             self._cancelled = 1025
@@ -1219,8 +1245,10 @@ class Transaction:
         if self._cancelled:  # cancel() during the backoff (RYW waits on resetPromise || tr.onError(e))
             raise KVError(self._cancelled)
         started, backoff, retries = self._started, self._backoff, self._retries
+        # NativeAPI Transaction::onError resets the transaction for a retryable error, and its
+        # reset() runs cancelWatches() with its default, transaction_cancelled: not `error`
         for w in self._watches:
-            w._fire(error)
+            w._fire(KVError(1025, "transaction retried (on_error) before its watch was armed"))
         self._reset_state()
         self._started, self._backoff, self._retries = started, backoff, retries
         self._size_limit = TRANSACTION_SIZE_LIMIT

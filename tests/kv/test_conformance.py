@@ -997,9 +997,15 @@ async def test_reset_before_commit_cancels_the_watch(db):
     tr.reset()
     with raises_code(1025):
         await _wait_watch(w)
+    # cancel() alone leaves it pending (RYW cancel only sets resetPromise; see
+    # tests/kv/test_watch_lifecycle.py); the reset after it fails it with 1025
     tr = db.create_transaction()
     w = tr.watch(b"w")
+    await tr.get(b"w")  # (the watch's read done: one in flight would fail at cancel)
     tr.cancel()
+    await trio.testing.wait_all_tasks_blocked()
+    assert not w.ready
+    tr.reset()
     with raises_code(1025):
         await _wait_watch(w)
 

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import heapq
 import logging
+import operator
 import os
 import random
 import sys
@@ -688,15 +689,14 @@ assert HOST_DRAIN_TICKS > 0
 
 
 class _TrioHost:
-    """One ``trio.run`` that hosts the simulation's runs one after another.
+    """One trio run that hosts the simulation's runs one after another.
 
     Why: a fresh ``trio.run`` per simulated run costs ~0.7 ms of set-up and tear-down (the Runner,
     its I/O manager's epoll and wake-up sockets, the signal set-up, trio's init task and three
     nurseries, the run_sync_soon task, the async-generator hooks, and all of it torn down again),
     ~5% of the bench's CPU, the same in every run.  The host does that once per thread and runs
-    each simulated run's ``entry`` inline in its main task, stepping trio's own event loop
-    (``unrolled_run``, the generator ``trio.run`` drives) from here, and pausing it when the run is
-    over.
+    each simulated run's ``entry`` inline in its main task, stepping trio's event loop itself
+    (:meth:`_loop`, trio's ``unrolled_run``), and pausing it when the run is over.
 
     The same run, step for step (the trace witnesses it; tests/sim compares hosted runs with runs
     in a fresh ``trio.run``).  What a run meets in trio is what a fresh run gives it:
@@ -725,12 +725,12 @@ class _TrioHost:
         self.idle_clock = VirtualClock()
         self.context = contextvars.copy_context()
         self.broken = False
+        self.closed = False
         self.idle = False
         self.task: Any = None
         self.result: Any = None
-        self.timeout = 0.0
         saved_r, saved_hooks = _trio_run._r, sys.get_asyncgen_hooks()
-        _trio_run._r = random.Random(0)  # (the host's own start draws from no run's PRNG)
+        _trio_run._r = _SchedulerRandom(0)  # (the host's own start draws from no run's PRNG)
         try:
             runner = self.runner = _trio_run.Runner(
                 clock=self.idle_clock, instruments=_SimInstruments(()), io_manager=_SimIOManager(),
@@ -739,14 +739,16 @@ class _TrioHost:
             runner.asyncgens.install_hooks(runner)
             self.hooks = sys.get_asyncgen_hooks()
             _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
-            self.gen = _trio_run.unrolled_run(runner, self._main, (), host_uses_signal_set_wakeup_fd=True)
-            self.timeout = self.gen.send(None)
-            self._drive()  # to the main task's first wait for a run
+            # (unrolled_run's start, without its signal wake-up fd: no SIGINT handler here)
+            runner.clock.start_clock()
+            runner.init_task = runner.spawn_impl(runner.init, (self._main, ()), None, "<init>", system_task=True)
+            self._loop()  # to the main task's first wait for a run
         finally:
             _trio_run._r = saved_r
             sys.set_asyncgen_hooks(*saved_hooks)
             _trio_run.GLOBAL_RUN_CONTEXT.__dict__.pop("runner", None)
-        assert self.idle and self.task is not None
+            _trio_run.GLOBAL_RUN_CONTEXT.__dict__.pop("task", None)
+        assert self.idle and self.task is not None and not self.broken
 
     async def _main(self) -> None:
         self.task = _current_task()
@@ -774,31 +776,137 @@ class _TrioHost:
         return (self.idle and not runner.runq and not entry.queue and not entry.idempotent_queue
                 and not runner.system_nursery.child_tasks)
 
-    def _drive(self) -> None:
-        """Step trio's event loop (as ``trio.run`` does) until the main task waits for the next run
-        and nothing else is left to do; a host that does not get there is retired (``broken``)."""
-        gen = self.gen
-        get_events = self.runner.io_manager.get_events
-        timeout = self.timeout
+    def _loop(self, until_idle: bool = True) -> None:
+        """trio's event loop (``trio._core._run.unrolled_run``, trio 0.32), run here until the main
+        task waits for the next run and nothing else is left to do (``until_idle``), or until no
+        task is left (the end of the host); a host that does not get quiet is retired (``broken``).
+
+        The same ticks in the same order as trio's: each tick computes the I/O timeout (asking the
+        clock, which jumps virtual time, when nothing is runnable), polls, expires deadlines, then
+        steps every task runnable at its start, in the order the seeded PRNG shuffles them after
+        sorting them by creation.  Leaner where the simulation allows it: no guest mode, no
+        KeyboardInterrupt delivery (none is installed), the I/O manager polled only when the entry
+        queue holds work or a wait is asked for (what ``_SimIOManager.get_events`` decides), the
+        deadline heap consulted only when due (or due a prune), and a batch of one task neither
+        sorted nor shuffled (sorting and shuffling one item draws nothing: ``_SchedulerRandom``
+        counts its step).  Instruments are still called (a test may add one during a run).
+        """
+        runner = self.runner
+        runq = runner.runq
+        deadlines = runner.deadlines
+        heap = deadlines._heap
+        io_manager = runner.io_manager
+        entry = runner.entry_queue
+        instruments = runner.instruments
+        ctx = _trio_run.GLOBAL_RUN_CONTEXT
         drain = 0
-        while True:
-            if self.idle:
+        while runner.tasks:
+            if until_idle and self.idle:
                 if self._quiet():
-                    break
+                    return
                 drain += 1
                 if drain > HOST_DRAIN_TICKS:
                     self.broken = True
-                    break
-            timeout = gen.send(get_events(timeout))
-        self.timeout = timeout
+                    return
+            if runq:
+                timeout: float = 0
+            else:
+                timeout = runner.clock.deadline_to_sleep_time(deadlines.next_deadline())
+                timeout = min(max(0, timeout), _TRIO_MAX_TIMEOUT)
+            idle_primed = None
+            if runner.waiting_for_idle:
+                cushion, _ = runner.waiting_for_idle.keys()[0]
+                if cushion < timeout:
+                    timeout = cushion
+                    idle_primed = _trio_run.IdlePrimedTypes.WAITING_FOR_IDLE
+            elif runner.clock_autojump_threshold < timeout:
+                timeout = runner.clock_autojump_threshold
+                idle_primed = _trio_run.IdlePrimedTypes.AUTOJUMP_CLOCK
+            if "before_io_wait" in instruments:
+                instruments.call("before_io_wait", timeout)
+            events: Any = ()
+            if timeout or entry.queue or entry.idempotent_queue:
+                events = io_manager.get_events(timeout)
+                if events:
+                    io_manager.process_events(events)
+            if "after_io_wait" in instruments:
+                instruments.call("after_io_wait", timeout)
+            if heap and (heap[0][0] <= runner.clock.current_time()
+                         or len(heap) > deadlines._active * 2 + _trio_run.DEADLINE_HEAP_MIN_PRUNE_THRESHOLD):
+                if deadlines.expire(runner.clock.current_time()):
+                    idle_primed = None
+            if idle_primed is not None and not runq and not events:
+                if idle_primed is _trio_run.IdlePrimedTypes.WAITING_FOR_IDLE:
+                    while runner.waiting_for_idle:
+                        key, task = runner.waiting_for_idle.peekitem(0)
+                        if key[0] == cushion:
+                            del runner.waiting_for_idle[key]
+                            runner.reschedule(task)
+                        else:
+                            break
+                else:
+                    runner.clock._autojump()
+            batch = list(runq)
+            runq.clear()
+            r = _trio_run._r
+            if _trio_run._ALLOW_DETERMINISTIC_SCHEDULING:
+                if len(batch) > 1 or type(r) is not _SchedulerRandom:
+                    batch.sort(key=_TASK_ORDER)
+                    r.shuffle(batch)
+                elif batch:
+                    r.steps += 1
+            elif r.random() < 0.5:
+                batch.reverse()
+            while batch:
+                task = batch.pop()
+                ctx.task = task
+                if "before_task_step" in instruments:
+                    instruments.call("before_task_step", task)
+                next_send_fn = task._next_send_fn
+                next_send = task._next_send
+                task._next_send_fn = task._next_send = None
+                final_outcome: Any = None
+                try:
+                    msg = task.context.run(next_send_fn, next_send)
+                except StopIteration as stop_iteration:
+                    final_outcome = outcome.Value(stop_iteration.value)
+                except BaseException as task_exc:
+                    tb = task_exc.__traceback__
+                    for _ in range(1 + _trio_run.CONTEXT_RUN_TB_FRAMES):
+                        if tb is not None:
+                            tb = tb.tb_next
+                    final_outcome = outcome.Error(task_exc.with_traceback(tb))
+                    del tb
+                if final_outcome is not None:
+                    runner.task_exited(task, final_outcome)
+                    final_outcome = None
+                else:
+                    task._schedule_points += 1
+                    if msg is _trio_run.CancelShieldedCheckpoint:
+                        runner.reschedule(task)
+                    elif type(msg) is _trio_run.WaitTaskRescheduled:
+                        task._cancel_points += 1
+                        task._abort_func = msg.abort_func
+                        if task._cancel_status.effectively_cancelled:  # (its method's own first test)
+                            task._attempt_delivery_of_any_pending_cancel()
+                    elif type(msg) is _trio_run.PermanentlyDetachCoroutineObject:
+                        runner.task_exited(task, msg.final_outcome)
+                    else:
+                        exc = TypeError(f"trio.run received unrecognized yield message {msg!r}.")
+                        runner.reschedule(task, exc)  # type: ignore[arg-type]
+                        task._next_send_fn = task.coro.throw
+                    del msg
+                if "after_task_step" in instruments:
+                    instruments.call("after_task_step", task)
+                del ctx.task
+                del task, next_send, next_send_fn
 
     def run(self, entry: Callable[[], Awaitable[None]], clock: VirtualClock) -> None:
         """``trio.run(entry, clock=clock)``, hosted; inside :func:`deterministic_process_state`."""
         runner = self.runner
-        scheduler = _trio_run._r
         # a fresh run's second tick (see above): its draws, not its steps (the task steps counted are
         # the run's own; a fresh trio.run adds 8 of its own start and tear-down)
-        random.Random.shuffle(scheduler, _START_BATCH.copy())
+        random.Random.shuffle(_trio_run._r, _START_BATCH.copy())
         saved_hooks = sys.get_asyncgen_hooks()
         sys.set_asyncgen_hooks(*self.hooks)
         _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
@@ -809,7 +917,7 @@ class _TrioHost:
         self.idle = False
         runner.reschedule(task, outcome.Value(entry))
         try:
-            self._drive()
+            self._loop()
         except BaseException:
             self.broken = True
             raise
@@ -830,32 +938,28 @@ class _TrioHost:
         result.unwrap()
 
     def close(self) -> None:
-        """End the hosted ``trio.run`` as ``trio.run`` ends (the main task returns)."""
-        if self.gen is None:
+        """End the hosted run as ``trio.run`` ends: the main task returns, trio's init task shuts
+        the system tasks down and closes what is left, then the Runner closes."""
+        if self.closed:
             return
-        gen, self.gen = self.gen, None
+        self.closed = True
+        runner = self.runner
         saved_hooks = sys.get_asyncgen_hooks()
         try:
-            if self.broken or not self.idle:  # (the loop is in no state to finish: drop it)
+            sys.set_asyncgen_hooks(*self.hooks)
+            _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
+            if not self.broken and self.idle:
+                runner.reschedule(self.task, outcome.Value(None))
+                self._loop(until_idle=False)
+            else:  # (the loop is in no state to finish: drop what is left)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    gen.close()
-                    for task in list(self.runner.tasks):
+                    for task in list(runner.tasks):
                         try:
                             task.coro.close()
                         except BaseException:  # noqa: BLE001
                             pass
-                return
-            sys.set_asyncgen_hooks(*self.hooks)
-            _trio_run.GLOBAL_RUN_CONTEXT.runner = self.runner
-            self.runner.reschedule(self.task, outcome.Value(None))
-            timeout = self.timeout
-            get_events = self.runner.io_manager.get_events
-            try:
-                while True:
-                    timeout = gen.send(get_events(timeout))
-            except StopIteration:
-                pass
+            runner.close()
         finally:
             _trio_run.GLOBAL_RUN_CONTEXT.__dict__.clear()
             sys.set_asyncgen_hooks(*saved_hooks)
@@ -867,6 +971,8 @@ def _never_abort(_: Any) -> trio.lowlevel.Abort:
 
 # (what trio shuffles in a fresh run's second tick: the main task and the run_sync_soon task)
 _START_BATCH = [0, 1]
+_TASK_ORDER = operator.attrgetter("_counter")  # (trio's batch.sort key, without a lambda)
+_TRIO_MAX_TIMEOUT = _trio_run._MAX_TIMEOUT
 _hosts: dict[int, _TrioHost] = {}
 
 

@@ -119,7 +119,7 @@ def test_a_hosted_run_is_the_run_a_fresh_trio_run_gives():
     with pytest.raises(BaseExceptionGroup) as raised:  # noqa: F821 - py311 builtin
         World(1).run(boom)
     assert raised.group_contains(ValueError, match="boom")
-    assert sim.world._hosts.get(host.thread) is not host and host.gen is None  # (retired, closed)
+    assert sim.world._hosts.get(host.thread) is not host and host.closed  # (retired)
     assert runs("tool", 5) == hosted["tool"]
 
 

@@ -58,6 +58,7 @@ from sortedcontainers import SortedList
 from trio._core import _run as _trio_run
 
 from . import lmdb_layout as layout
+from .keyindex import add_sorted
 from . import wal, walsync
 from .atomic import apply_atomic
 from .engine import Engine, FaultHooks, Mutation
@@ -253,6 +254,7 @@ class _Job:
                 raise
             raise error from exc
         store._publish(self.version, self.touched, self.dead, self.nbytes, sealed)
+
 
 
 class LmdbStore:
@@ -603,9 +605,9 @@ class LmdbStore:
         assert version > self._version, (version, self._version)
         touched: list[bytes] = []
         effects: list = []  # flat (see wal.py): one CBOR array, not one per effect
-        push = effects.append
         dead: list[tuple[int, bytes]] = []  # tombstones this batch writes (purged later, see _purge_dead)
         top_ver, top_val, olders, unindexed = self._top_ver, self._top_val, self._older, self._unindexed
+        SET = layout.SET
         try:
             for m in mutations:
                 kind = m[0]
@@ -621,8 +623,8 @@ class LmdbStore:
                         if old is not None:
                             self._put(version, key, None, touched)
                             dead.append((version, key))
-                            push(layout.DELETE)
-                            push(key)
+                            effects.append(layout.DELETE)
+                            effects.append(key)
                         continue
                     # a value: written as a set is, below
                 else:  # ("clear", begin, end)
@@ -630,9 +632,9 @@ class LmdbStore:
                     for key in self._visible_keys(begin, end):
                         self._put(version, key, None, touched)
                         dead.append((version, key))
-                    push(layout.CLEAR)
-                    push(begin)
-                    push(end)
+                    effects.append(layout.CLEAR)
+                    effects.append(begin)
+                    effects.append(end)
                     continue
                 # a set, or an atomic's new value (_put inlined)
                 if top is None:
@@ -647,9 +649,9 @@ class LmdbStore:
                 top_ver[key] = version
                 top_val[key] = value
                 touched.append(key)
-                push(layout.SET)
-                push(key)
-                push(value)
+                effects.append(SET)
+                effects.append(key)
+                effects.append(value)
             record = wal.encode_record(version, effects)
         except BaseException:
             self._unstage(version, touched)
@@ -716,7 +718,8 @@ class LmdbStore:
                 stale -= revived
                 for k in revived:
                     del unindexed[k]
-        self._keys.update(unindexed)
+        if unindexed:
+            add_sorted(self._keys, sorted(unindexed))
         unindexed.clear()  # in place: _stage holds it while a clear may index
 
     def _forget_key(self, key: bytes) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from sortedcontainers import SortedList
 
 from .atomic import apply_atomic
+from .keyindex import add_sorted
 from .engine import Engine, FaultHooks, Mutation
 from .limits import MVCC_WINDOW_VERSIONS
 
@@ -112,7 +113,7 @@ class MemoryStore:
 
     def _index(self) -> None:
         """Bring the ordered key list up to date (before any walk over it)."""
-        self._keys.update(self._unindexed)
+        add_sorted(self._keys, sorted(self._unindexed))
         self._unindexed.clear()
 
     def _forget_key(self, key: bytes) -> None:

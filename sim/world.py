@@ -342,6 +342,7 @@ def _now_reader(clock: VirtualClock) -> Callable[[], float]:
 _current_task = trio.lowlevel.current_task
 _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
 _heappush = heapq.heappush
+_heappop = heapq.heappop
 
 
 class Trace:
@@ -798,6 +799,7 @@ class _TrioHost:
         io_manager = runner.io_manager
         entry = runner.entry_queue
         instruments = runner.instruments
+        reschedule = runner.reschedule
         ctx = _trio_run.GLOBAL_RUN_CONTEXT
         drain = 0
         while runner.tasks:
@@ -810,6 +812,29 @@ class _TrioHost:
                     return
             if runq:
                 timeout: float = 0
+            elif type(runner.clock) is VirtualClock:
+                # VirtualClock.deadline_to_sleep_time inlined (the same jump, the same floats; keep
+                # the two in step — tests/sim compares hosted runs with fresh trio.run ones): when
+                # nothing is runnable, time jumps to the next deadline or sleeper and wakes the due
+                # sleepers into this tick, unless the entry queue holds work; the answer is 0
+                clock = runner.clock
+                deadline = deadlines.next_deadline()
+                sleepers = clock._sleepers
+                while sleepers and sleepers[0][2][0] is None:  # cancelled sleeps
+                    _heappop(sleepers)
+                if sleepers and sleepers[0][0] < deadline:
+                    deadline = sleepers[0][0]
+                jump = deadline - clock._now
+                if 0 < jump < _INF and not (entry.queue or entry.idempotent_queue):
+                    clock._now += jump
+                    now = clock._now
+                    while sleepers and sleepers[0][0] <= now:
+                        cell = _heappop(sleepers)[2]
+                        sleeper = cell[0]
+                        if sleeper is not None:
+                            cell[0] = None
+                            reschedule(sleeper)
+                timeout = 0
             else:
                 timeout = runner.clock.deadline_to_sleep_time(deadlines.next_deadline())
                 timeout = min(max(0, timeout), _TRIO_MAX_TIMEOUT)

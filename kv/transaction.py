@@ -13,8 +13,10 @@ a sorted write map used to answer reads; ``commit`` ships both to the
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 import trio
@@ -269,6 +271,12 @@ def _appended(items: list | tuple, item: Any) -> list:
     return [item]
 
 
+def _fail_dropped(watches: list, _ref: Any) -> None:
+    """A transaction holding unarmed watches was dropped: they fail with 1025 (see _drop_guard)."""
+    for w in watches:
+        w._fire(KVError(1025, "transaction destroyed before its watch was armed"))
+
+
 def _strinc(prefix: bytes) -> bytes:
     p = prefix.rstrip(b"\xff")
     if not p:
@@ -290,7 +298,8 @@ class Transaction:
         "_sorted_write_keys", "_clears", "_clear_begins", "_mutations", "_stamped",
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
         "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_commit_started",
-        "_committed_version", "_cancelled", "_watches", "_versionstamp", "_slow",
+        "_committed_version", "_cancelled", "_watches", "_versionstamp", "_slow", "_drop_guard",
+        "__weakref__",  # (_drop_guard's weak reference)
         # Layers may tag a transaction with attributes of their own (sessions.journal does);
         # every attribute of the transaction's own is a slot above, so the dict is only
         # allocated for a transaction that is tagged.
@@ -370,20 +379,19 @@ class Transaction:
         # commit 2017 (checkUsedDuringCommit); cleared by reset/on_error.
         self._cancelled = 0
         self._watches: list[Watch] = _EMPTY
+        # While this attempt holds unarmed watches: a weak reference to the transaction whose
+        # callback fails them with 1025 if the transaction is dropped ("If an uncommitted
+        # transaction is reset or destroyed, then any watches it created will be set with the
+        # transaction_cancelled error"; NativeAPI ~Transaction: cancelWatches()). Dropped (None)
+        # when the watches leave the list: fired, or armed by a commit. (Not a __del__: that is
+        # a Python call at every transaction's end, ~1.3k instructions; this costs only a
+        # transaction that makes a watch.)
+        self._drop_guard: weakref.ref | None = None
         # The hot paths' one test (reads, set, atomic ops, stamped keys, commit): True when the
         # full checks must run, i.e. a commit started, a resetPromise code (cancel), a timeout
         # or watches (whose own-write triggers run in the writes' full path) — or after any
         # of those until reset/on_error; see _update_slow. (Kept by every site that sets one.)
         self._slow = self._timeout is not None
-
-    def __del__(self) -> None:
-        # "If an uncommitted transaction is reset or destroyed, then any watches it created
-        # will be set with the transaction_cancelled error" (NativeAPI ~Transaction:
-        # cancelWatches()); armed ones were handed to the engine and are not in the list.
-        watches = getattr(self, "_watches", None)
-        if watches:
-            for w in watches:
-                w._fire(KVError(1025, "transaction destroyed before its watch was armed"))
 
     def reset(self) -> None:
         """Forget everything, as a new transaction (options other than the persistent ones reset)."""
@@ -1061,6 +1069,8 @@ class Transaction:
                 raise
             w._fire(e)  # RYW: the watch's own read fails it (accessed_unreadable)
         self._watches = _appended(self._watches, w)
+        if self._drop_guard is None:
+            self._drop_guard = weakref.ref(self, functools.partial(_fail_dropped, self._watches))
         self._slow = True  # (set and atomic ops take their full path, which triggers watches)
         return w
 
@@ -1192,6 +1202,7 @@ class Transaction:
         """A started commit failed: its error goes to the watches and the versionstamp
         (NativeAPI commitAndWatch: cancelWatches(e), versionstampPromise.sendError)."""
         watches, self._watches = self._watches, _EMPTY
+        self._drop_guard = None
         for w in watches:
             w._fire(err)
         if self._versionstamp is not None:
@@ -1207,6 +1218,7 @@ class Transaction:
             # Armed, they are the database's (NativeAPI setupWatches ends watches.clear()):
             # a later cancel/reset/on_error of this transaction leaves them be.
             self._watches = _EMPTY
+            self._drop_guard = None
             for w in watches:
                 self._engine.arm_watch(w)
         if self._versionstamp is not None:

@@ -161,14 +161,13 @@ class _LmdbSnapshot:
     def _merge(self, keys, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:
         """Overlay keys (in order) merged with the base's pairs in [begin, end)."""
         out: list[tuple[bytes, bytes]] = []
-        append = out.append
         top_ver, top_val, olders = self._top_ver, self._top_val, self._older
         v = self.version
         base = layout.iter_range(self._base.txn.cursor(), begin, end, reverse)
         b = next(base, None)
         for k in keys:
             while b is not None and (b[0] > k if reverse else b[0] < k):
-                append(b)
+                out.append(b)
                 if limit and len(out) >= limit:
                     return out
                 b = next(base, None)
@@ -187,11 +186,11 @@ class _LmdbSnapshot:
                             val = older[i + 1]
                             break
             if val is not None:
-                append((k, val))
+                out.append((k, val))
                 if limit and len(out) >= limit:
                     return out
         while b is not None:
-            append(b)
+            out.append(b)
             if limit and len(out) >= limit:
                 return out
             b = next(base, None)

@@ -211,15 +211,14 @@ def read_range(txn: lmdb.Transaction, begin: bytes, end: bytes, reverse: bool, l
     if not cur.set_range(PREFIX + begin[:BUCKET]):  # a bucket below begin may hold keys >= begin
         return out
     stop = PREFIX + end
-    append = out.append
     for raw, value in cur:
         if raw >= stop:
             break
         if len(raw) <= SHORT + 1:
-            append((raw[1:], value))
+            out.append((raw[1:], value))
         else:
             for kv in expand(raw[1:], value, begin, end, False):
-                append(kv)
+                out.append(kv)
         if limit and len(out) >= limit:
             del out[limit:]
             break

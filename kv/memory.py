@@ -67,7 +67,6 @@ class _MemorySnapshot:
             store._index()
         hists = store._hist
         v = self.version
-        append = out.append
         for k in store._keys.irange(begin, end, inclusive=(True, False), reverse=reverse):
             hist = hists[k]
             ver, val = hist[-1]
@@ -78,7 +77,7 @@ class _MemorySnapshot:
                         val = old
                         break
             if val is not None:
-                append((k, val))
+                out.append((k, val))
                 if limit and len(out) >= limit:
                     break
         return out

@@ -937,6 +937,11 @@ class _TrioHost:
         _trio_run.GLOBAL_RUN_CONTEXT.runner = runner
         saved_lib, _sniffio_library.name = _sniffio_library.name, "trio"
         runner.clock = clock
+        # what a fresh trio.run starts without: RunVar values and instruments an earlier run left
+        if runner._locals:
+            runner._locals.clear()
+        if len(runner.instruments) > 1 or runner.instruments["_all"]:
+            runner.instruments = _SimInstruments(())
         task = self.task
         task.context = contextvars.copy_context()  # (the caller's, as trio.run gives its main task)
         self.idle = False

@@ -115,6 +115,28 @@ def test_a_hosted_run_is_the_run_a_fresh_trio_run_gives():
         await trio.sleep(1)
         raise ValueError("boom")
 
+    # what one run leaves in trio's Runner (a RunVar, an instrument) the next does not see
+    var = trio.lowlevel.RunVar("sim_test_var", default="unset")
+    seen = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task):
+            seen.append(task)
+
+    async def leaves(world):
+        var.set("set")
+        trio.lowlevel.add_instrument(Steps())
+        await trio.sleep(1)
+
+    async def looks(world):
+        seen.clear()
+        await trio.sleep(1)
+        assert var.get() == "unset" and not seen
+
+    World(1).run(leaves)
+    assert seen
+    World(1).run(looks)
+
     host = sim.world._host()
     with pytest.raises(BaseExceptionGroup) as raised:  # noqa: F821 - py311 builtin
         World(1).run(boom)

@@ -92,9 +92,13 @@ def test_a_poison_run_past_its_claim_leaves_each_attempts_call_to_the_next(monke
     summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
     assert summary.ok, summary.invariant_failures
     assert summary.faults.get("crash.poison_run", 0) >= 10 and max(counts) >= 3, (summary.faults, sorted(counts))
+    poisoned = sum(c >= 3 for c in counts)
     monkeypatch.setattr(sim.faults, "MAX_POISON_CRASHES", 0)
     summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
-    assert summary.ok and max(counts) < 3, sorted(counts)
+    # (Independent random crashes reach three interrupted calls in one transcript too, rarely:
+    # 1 run in 1,000 of this scenario at 40caa2a, 4 in 1,000 with the loop's reads of session 16;
+    # which runs do moves with any change of what a run reads. So: less often than the poison.)
+    assert summary.ok and sum(c >= 3 for c in counts) < poisoned, (poisoned, sorted(counts))
 
 
 def test_a_skipped_submission_hash_check_is_caught(monkeypatch, break_submission_hash):

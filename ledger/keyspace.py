@@ -25,12 +25,15 @@ Key (under root["l"])              Value
                                    FIFO sequence}; "active" is the one run allowed to be
                                    ready/running/parked; it moves in the transaction that
                                    settles the active run, so it is never stale
-("o", T, "q", conv, seq)           run id: the conversation's FIFO of unsettled runs
+("o", T, "q", conv, seq)           run id: the conversation's FIFO of unsettled runs that were
+                                   queued behind an active run at their submit (a run active
+                                   from its submit has none: its run record says "q": False)
 ("o", T, "h", conv, seq)           run id: every run of the conversation, in order (history)
 ("run", run_id)                    CBOR run {"id", "owner", "conversation", "submission_id",
                                    "seq", "state", "attempt", "claims", "max_attempts",
                                    "created", "updated", "limits", "rd", "settled_token",
-                                   "released_token", "error"}
+                                   "released_token", "error", "q"?}; "q": False when the run
+                                   has no FIFO entry (active from its submit)
 ("out", run_id, i)                 chunk i of the CBOR outcome {"status", "result", "error"}
 ("rl", run_id)                     CBOR lease {"token", "worker", "expires_at", "expires_us",
                                    "nonce"}: present iff the run is running; every worker
@@ -124,7 +127,8 @@ class LedgerKeyspace:
         return owned + _Q + c, owned + _H + c
 
     def fifo_and_history(self, tag: str, conv: str, seq: int) -> tuple[bytes, bytes]:
-        """``(fifo(tag, conv, seq), history(tag, conv, seq))``, which every submit writes: the
+        """``(fifo(tag, conv, seq), history(tag, conv, seq))``, the keys a submit writes (the FIFO
+        entry only for a run queued behind the active one): the
         conversation's prefixes cached, ``seq`` packed once for both (and not cached: each
         sequence number is written once)."""
         q, h = self._queue_prefixes(tag, conv)

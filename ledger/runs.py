@@ -12,7 +12,8 @@ Submissions (promise 1)
 Runs (promises 4, 5, 6)
     States: queued -> running -> completed | failed | cancelled, and
     running -> parked (awaiting approval) -> queued. One run per conversation
-    is *active* (the FIFO head); only an active queued run is in the ready
+    is *active* (held in the conversation state; the FIFO holds the runs queued
+    behind it, in order); only an active queued run is in the ready
     index, so :meth:`Ledger.claim` reads a small window of that index (and of
     the lease-expiry index) whatever the number of idle conversations. A claim
     writes a lease with a fencing token; every worker write calls
@@ -272,9 +273,10 @@ class Lease:
     #: of a run between renewals) does not decode them again. A memo of a pure function of
     #: the bytes read, so never stale: changed bytes are decoded.
     seen: "tuple[bytes, dict[str, Any]] | None" = field(default=None, repr=False, compare=False)
-    #: The run record's stored bytes as the claim wrote them, and the record: a settle that
-    #: reads the same bytes back (nothing else rewrote the run meanwhile, the usual case)
-    #: copies the record instead of decoding it again. A memo of the bytes, as ``seen``.
+    #: The run record's stored bytes as the claim wrote them, and the record: a settle whose
+    #: transaction's lease check found this lease settles from a copy of it without reading
+    #: the run (see :meth:`Ledger.settle_tr`); one that reads the same bytes back copies the
+    #: record instead of decoding it again.
     run_seen: "tuple[bytes, dict[str, Any]] | None" = field(default=None, repr=False, compare=False)
 
 
@@ -469,10 +471,17 @@ class Ledger:
                "settled_token": None, "released_token": None, "error": None}
         fifo_key, history_key = self.keys.fifo_and_history(tag, conversation, seq)
         rid = run_id.encode()
-        tr.set(fifo_key, rid)
-        tr.set(history_key, rid)
         lease_rec: dict[str, Any] | None = None
+        if cs["active"] is not None:
+            tr.set(fifo_key, rid)  # queued behind the active run
+        tr.set(history_key, rid)
         if cs["active"] is None:
+            # Active at once: no FIFO entry. The FIFO is read only for the run to make active
+            # when the active one settles, and that is never the settling run itself; an
+            # entry here was written and cleared within the run for nothing (two mutations a
+            # run). "q": False tells the settle there is none to clear (records without the
+            # field, of runs queued behind another or written before this, have one).
+            run["q"] = False
             cs["active"] = run_id
             if claim is None:
                 self._make_ready(tr, run)
@@ -872,13 +881,22 @@ class Ledger:
         cancelled, in the same emit (the same keys and values as emitting them first; one
         emitted-count update and one emit's fixed cost less per settled run)."""
         out = _check_outcome(outcome)
-        raw = await tr.get(self.keys.run(lease.run_id))
-        if raw is None:
-            raise NotFound(f"run {lease.run_id!r} not found")
         seen = lease.run_seen
-        # A shallow copy of the claim's record when the bytes are the claim's: settling
-        # assigns top-level fields only, and the memo must stay what those bytes decode to.
-        run = dict(seen[1]) if seen is not None and seen[0] == raw else loads(raw)
+        if seen is not None and lease_rec is not None and lease_rec.get("token") == lease.token:
+            # Not read: while the lease check of this very transaction (a real read, with its
+            # conflict) finds this claim's lease, the run record is the one the claim wrote.
+            # Every other writer of a run record either takes the lease first (a claim, a
+            # takeover, the exhausted backstop), or is the holder itself (release, park,
+            # settle: each ends the holder's lease), or touches only a queued or parked run
+            # (resume, cancel, a FIFO promotion), which a leased run is not. (A shallow copy:
+            # settling assigns top-level fields only, and the memo must stay the claim's.)
+            run = dict(seen[1])
+        else:
+            raw = await tr.get(self.keys.run(lease.run_id))
+            if raw is None:
+                raise NotFound(f"run {lease.run_id!r} not found")
+            # A shallow copy of the claim's record when the bytes are the claim's (see above).
+            run = dict(seen[1]) if seen is not None and seen[0] == raw else loads(raw)
         if run["state"] in SETTLED_STATES:
             if run.get("settled_token") == lease.token:
                 if events_before:  # (as if the caller had emitted them itself)
@@ -917,7 +935,8 @@ class Ledger:
         if run.get("rd") is not None:
             tr.clear(self.keys.ready(run["rd"], run_id))
             run["rd"] = None
-        tr.clear(self.keys.fifo(tag, conv, run["seq"]))
+        if run.get("q", True):  # (see submit_tr: a run active since its submit has no FIFO entry)
+            tr.clear(self.keys.fifo(tag, conv, run["seq"]))
         status = outcome["status"]
         run["state"] = status
         run["settled_token"] = token
@@ -931,8 +950,9 @@ class Ledger:
         cs_key = self.keys.conversation_state(tag, conv)
         cs = loads(await tr.get(cs_key))
         if cs["active"] == run_id:
-            # The FIFO holds the active run and the runs queued behind it (higher seqs: a
-            # submit takes seq ``tail``, and the next active is always the lowest entry), so
+            # The FIFO holds the runs queued behind the active run (higher seqs: a submit takes
+            # seq ``tail``, and the next active is always the lowest entry; the active run's
+            # own entry, if it has one, was cleared above), so
             # when the active run is the last one submitted (its seq is ``tail - 1``, the
             # usual case) nothing waits and the range read is skipped: it was ~4% of a turn's
             # CPU. A submit racing with this settle writes ``cs``, which this transaction read:

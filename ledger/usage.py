@@ -84,24 +84,34 @@ class UsageBook:
         self.keys = ledger.keys
 
     async def record_tr(self, tr: Any, run_id: str, step_id: str, usage: Mapping[str, int], *,
-                        run_exists: bool = False) -> bool:
+                        run_exists: bool = False, new: bool = False) -> bool:
         """Count ``usage`` for (run, step) once; returns False when it was already counted.
         Guarded by the step marker. Raises :class:`UsageConflict` for a different figure.
 
         ``run_exists=True``: the caller already proved the run exists in ``tr``
         (e.g. its lease check read the run's lease, which only exists with the
-        run), so the run record is not read and decoded again."""
+        run), so the run record is not read and decoded again.
+
+        ``new=True``: the caller's own guard proves the step's marker cannot exist, so it is
+        not read either (returns True; writes what a first record writes). The loop's runner
+        is such a caller: it names a step by the position its loop state moves past in the
+        very transaction that records it (``model-N`` with ``model_calls = N``,
+        ``compact@H`` with the transcript's head past H), and that transaction checks the
+        run's lease (a real read: no other worker writes for the run) and is guarded by the
+        loop state's version, so a marker that existed would mean the state had already
+        moved, and the commit would not be made."""
         if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
             raise ValueError("a step id is a non-empty string")
         figures = _check_usage(usage)
         if not run_exists:
             await self.ledger._run(tr, run_id, snapshot=True)  # exists; no conflict with run-record writes
         marker = self.keys.usage_step(run_id, step_id)
-        raw = await tr.get(marker)
-        if raw is not None:
-            if loads(raw) != figures:
-                raise UsageConflict(f"usage for step {step_id!r} of run {run_id!r} was recorded with other figures")
-            return False
+        if not new:
+            raw = await tr.get(marker)
+            if raw is not None:
+                if loads(raw) != figures:
+                    raise UsageConflict(f"usage for step {step_id!r} of run {run_id!r} was recorded with other figures")
+                return False
         tr.set(marker, dumps(figures))
         for k, v in figures.items():
             if v:

@@ -261,6 +261,11 @@ class Runner:
         # _message_events), as the transcript encoded them; None outside such an attempt.
         self._txn_encoded: dict[int, bytes] | None = None
         self._added_prefix = _added_prefix(self.run_id)
+        # The session head record as this runner's last committed append wrote it (None: not
+        # known; the next append reads it). A commit's first attempt appends from it instead
+        # of reading the head (see _commit); ``_txn_head`` is what the current attempt writes.
+        self._head_rec: dict[str, Any] | None = None
+        self._txn_head: dict[str, Any] | None = None
         # The outcome this runner settled the run with, once committed (``Runtime.run`` answers
         # from it instead of reading and watching the outcome); None: not settled by this runner.
         self.settled: dict[str, Any] | None = None
@@ -380,7 +385,15 @@ class Runner:
         approvals are written only while the run is parked, leaseless), and
         every commit of this runner that may have landed either updated
         ``self.state`` or ended the runner.  A retry (a conflict, or a 1021
-        whose commit may have landed) reads it to apply the guard.
+        whose commit may have landed) reads it to apply the guard.  The session
+        head is taken from memory the same way (``_head_rec``, the head this
+        runner's last append committed; the lease is its guard too: see the
+        append below), and so is the run record a settle rewrites
+        (``Ledger.settle_tr`` given this attempt's lease record), and a model
+        step's usage is recorded without reading its marker
+        (``UsageBook.record_tr``'s ``new``: the step is named by the state this
+        commit moves past it).  The lease check itself, and the cancel record, are
+        always read.
         """
         assert self.state is not None
         # One commit at a time (a slow call's flusher vs. this task; see __init__). Uncontended,
@@ -423,8 +436,20 @@ class Runner:
                         raise _CancelSeen()
                 if append:
                     encoded: list[bytes] = []
+                    written: list[dict[str, Any]] = []
+                    # The first attempt appends from the head this runner last committed,
+                    # without reading it: the lease check above (a real read, with its
+                    # conflict) is the guard. Only the conversation's active run appends to
+                    # its transcript, and only while holding its lease; a takeover rewrites
+                    # the lease, so a worker whose lease was taken over fails that check
+                    # (promises 2, 5). A retry reads it (as it reads the state).
+                    known = self._head_rec if attempts == 1 else None
+                    if known is not None and known["n"] != first_seq:
+                        known = None
                     await store.transcripts.append_tr(tr, self.owner, self.conv, list(append), expected_head=first_seq,
-                                                      mark=mark, encoded_out=encoded)
+                                                      mark=mark, encoded_out=encoded, known_head=known,
+                                                      head_out=written)
+                    self._txn_head = written[0]
                     # (while ``append`` holds the messages their ids are theirs)
                     self._txn_encoded = {id(m): b for m, b in zip(append, encoded)}
                 if mutate is not None:
@@ -458,6 +483,10 @@ class Runner:
                 return False
             if self._txn_settled is not None:  # the attempt that committed settled the run
                 self.settled = self._txn_settled
+            if append:
+                # (after a retry, which attempt's head committed is not tracked: the next reads it)
+                self._head_rec = self._txn_head if attempts == 1 else None
+                self._txn_head = None
             self.messages.extend(dict(m) for m in append)
             self.head += len(append)
             return True
@@ -542,8 +571,9 @@ class Runner:
         state.ver, state.tok = 1, store.new_token()
         # (a new session is created by the append, its head written once)
         encoded: list[bytes] = []
+        written: list[dict[str, Any]] = []
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=page is None,
-                                          head=head, encoded_out=encoded)
+                                          head=head, encoded_out=encoded, head_out=written)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
         evs = _message_events(run_id, first_seq, appended, {id(m): b for m, b in zip(appended, encoded)})
         after_start = claim.lease.journal_after_start
@@ -552,13 +582,14 @@ class Runner:
         else:
             await store.journal.emit_many_tr(tr, owner, conv, evs, refs=False)
         messages.extend(appended)
-        return _Prepared(state, messages, cancel, base)
+        return _Prepared(state, messages, cancel, base, written[0])
 
     async def _begin(self) -> None:
         store = self.store
         prepared = self.claim.prepared
         if prepared is not None:  # the claim's transaction already began the run
             self.state, self.messages, self.base = prepared.state, prepared.messages, prepared.base
+            self._head_rec = prepared.head
             self.head = self.base + len(self.messages)
             if prepared.cancel:
                 self._note_cancel()
@@ -1383,12 +1414,13 @@ def _cancelled_events(run_id: str, first_seq: int, results: Sequence[dict[str, A
 class _Prepared:
     """What :meth:`Runner.prepare_in_claim` began inside the claim: the loop state as
     committed, the transcript (from ``base``, its mark) after the appended messages, the
-    cancel record as read."""
+    cancel record as read, the session head record as the append wrote it (None: unknown)."""
 
-    __slots__ = ("state", "messages", "cancel", "base")
+    __slots__ = ("state", "messages", "cancel", "base", "head")
 
-    def __init__(self, state: LoopState, messages: list[dict[str, Any]], cancel: bool, base: int = 0) -> None:
-        self.state, self.messages, self.cancel, self.base = state, messages, cancel, base
+    def __init__(self, state: LoopState, messages: list[dict[str, Any]], cancel: bool, base: int = 0,
+                 head: dict[str, Any] | None = None) -> None:
+        self.state, self.messages, self.cancel, self.base, self.head = state, messages, cancel, base, head
 
 
 #: Parts of a ``message.added`` event's data encoded by hand (see _message_events): a 4-entry

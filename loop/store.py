@@ -425,12 +425,14 @@ class Store:
 
     # ------------------------------------------------------------------ usage / steps
 
-    def record_usage(self, tr: Any, claim: Claim, step_id: str, usage: Mapping[str, Any]) -> Awaitable[None]:
+    def record_usage(self, tr: Any, claim: Claim, step_id: str, usage: Mapping[str, Any]) -> Awaitable[bool]:
+        """In a runner's commit: count a new step's usage. Every caller is a runner commit
+        that ran check_lease in this transaction (the lease exists only with its run, so the
+        run record is not read) and names a step its loop-state-guarded commit has not
+        recorded yet, so the step's marker is not read either (``UsageBook.record_tr``'s
+        ``new``: see there why it cannot exist). (Not wrapped: see check_lease.)"""
         figures = {k: int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-        # Every caller is a runner commit that ran check_lease first in this transaction:
-        # the lease exists only with its run, so the run record need not be re-read.
-        # (Not wrapped: see check_lease.)
-        return self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True)
+        return self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True, new=True)
 
     async def reserve(self, claim: Claim, estimate: dict[str, int]) -> dict[str, int]:
         """The run's room per limited usage field once ``estimate`` (a model call's

@@ -245,7 +245,9 @@ class Transcripts:
     async def append_tr(self, tr: Any, owner: OwnerLike, session_id: str, messages: Sequence[Mapping[str, Any]], *,
                         expected_head: int | None = None, token: bytes | None = None, create: bool = False,
                         mark: int | None = None, head: "HeadRead | None" = None,
-                        encoded_out: list[bytes] | None = None) -> int:
+                        encoded_out: list[bytes] | None = None,
+                        known_head: Mapping[str, Any] | None = None,
+                        head_out: list[dict[str, Any]] | None = None) -> int:
         """Append ``messages`` in ``tr``; returns the new head (message count).
 
         Guarded: reads the head (so a concurrent append conflicts) and, when a
@@ -261,6 +263,15 @@ class Transcripts:
         again (the same key, so the same conflict: the guard is unchanged).
         ``encoded_out``: extended with each message's CBOR (``dumps``), in order, once they
         are all encoded (a caller that journals the messages too need not encode them again).
+
+        ``known_head``: the head record as the caller *knows* it is stored (``head_out`` of
+        its own last committed append), so it is not read: the head key is then not in the
+        transaction's read conflict set, and a second writer is no longer caught by this
+        append. Only for a caller whose transaction reads another guard that every other
+        writer of the session must pass: the loop's runner, whose commits check the run's
+        lease (only the conversation's one active run appends to it, and only while holding
+        its lease; a takeover rewrites the lease first, so a stale writer fails that check).
+        ``head_out``: gets the head record this append writes (do not change it).
         """
         tag = as_tag(owner)
         check_session_id(session_id)
@@ -287,6 +298,8 @@ class Transcripts:
                 head, _ = self._new_session(tr, tag, session_id)
             else:
                 head = record
+        elif known_head is not None:  # (the caller's guard vouches for it: see the docstring)
+            head = dict(known_head)
         elif create and await tr.get(self.keys.head(tag, session_id)) is None:
             head, _ = self._new_session(tr, tag, session_id)
         else:
@@ -318,6 +331,8 @@ class Transcripts:
         if len(memo) >= HEAD_MEMO_ENTRIES:
             memo.clear()
         memo[key] = (raw, head)
+        if head_out is not None:
+            head_out.append(head)
         return head["n"]
 
     async def appended_tr(self, tr: Any, owner: OwnerLike, session_id: str, token: bytes) -> bool:

@@ -930,8 +930,12 @@ class Transaction:
             new = apply_atomic(op, entry[1] if entry[0] == _SET else None, param)
             self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
         self._mutations.append(("atomic", op, key, param))
-        self._size += len(key) + len(param)
-        self._add_write_point(key)
+        if self._next_write_no_conflict:  # (_add_write_point inlined)
+            self._next_write_no_conflict = False
+            self._size += len(key) + len(param)
+        else:
+            self._write_points.append(key)
+            self._size += 3 * len(key) + len(param) + 1  # the key, its operand, its write conflict range
 
     def add(self, key: bytes, param: bytes) -> None:
         self._atomic(_atomic.ADD, key, param)
@@ -1003,10 +1007,19 @@ class Transaction:
         mutations = self._mutations
         stamped = (len(mutations), "key", body, value, offset)
         mutations.append(("set", body, value))  # replaced at resolve time
-        self._stamped = _appended(self._stamped, stamped)
+        # (_appended inlined twice: ~11 a turn)
+        lst = self._stamped
+        if type(lst) is list:
+            lst.append(stamped)
+        else:
+            self._stamped = [stamped]
         # The range the final key may land in is only worked out if something is read
         # (_check_readable): most transactions never read after stamping.
-        self._unreadable_new = _appended(self._unreadable_new, stamped)
+        lst = self._unreadable_new
+        if type(lst) is list:
+            lst.append(stamped)
+        else:
+            self._unreadable_new = [stamped]
         self._size += len(body) + len(value)
         # its write conflict is added on the final key at commit
         self._next_write_no_conflict = False

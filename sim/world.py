@@ -734,6 +734,40 @@ def _reschedule(self: Any, task: Any, next_send: Any = _trio_run._NO_SEND) -> No
         self.instruments.call("task_scheduled", task)
 
 
+class _DeadlineUpdate:
+    """``CancelScope._might_change_registered_deadline`` during hosted runs: trio's is a
+    ``@contextmanager`` generator (a generator and a ``_GeneratorContextManager`` for every cancel
+    scope entered, exited or cancelled: ~1.5% of the bench); this is the same ``finally`` as a
+    plain context manager — on exit, re-register the scope's deadline with the Runner if it
+    changed (no guest mode here)."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        scope = self.scope
+        old = scope._registered_deadline
+        new = _INF if scope._cancel_status is None or scope._cancel_called else scope._deadline
+        if old != new:
+            scope._registered_deadline = new
+            deadlines = _trio_run.GLOBAL_RUN_CONTEXT.runner.deadlines
+            if old != _INF:
+                deadlines.remove(old, scope)
+            if new != _INF:
+                deadlines.add(new, scope)
+        return False
+
+
+def _deadline_update(self: Any) -> _DeadlineUpdate:
+    return _DeadlineUpdate(self)
+
+
+_TRIO_DEADLINE_UPDATE = _trio_run.CancelScope._might_change_registered_deadline
 _TRIO_NO_SEND = _trio_run._NO_SEND
 _TRIO_RESCHEDULE = _trio_run.Runner.reschedule
 _TRIO_WAIT_MESSAGE = _trio_traps.WaitTaskRescheduled
@@ -868,7 +902,13 @@ class _TrioHost:
                 # nothing is runnable, time jumps to the next deadline or sleeper and wakes the due
                 # sleepers into this tick, unless the entry queue holds work; the answer is 0
                 clock = runner.clock
-                deadline = deadlines.next_deadline()
+                deadline = _INF  # (Deadlines.next_deadline inlined: drop stale entries, take the first live one)
+                while heap:
+                    first = heap[0]
+                    if first[0] == first[2]._registered_deadline:
+                        deadline = first[0]
+                        break
+                    _heappop(heap)
                 sleepers = clock._sleepers
                 while sleepers and sleepers[0][2][0] is None:  # cancelled sleeps
                     _heappop(sleepers)
@@ -997,6 +1037,7 @@ class _TrioHost:
         self.idle = False
         _trio_run.Runner.reschedule = _reschedule  # type: ignore[method-assign]
         _trio_traps.WaitTaskRescheduled = _WaitTaskRescheduled  # type: ignore[misc]
+        _trio_run.CancelScope._might_change_registered_deadline = _deadline_update  # type: ignore[method-assign]
         runner.reschedule(task, outcome.Value(entry))
         try:
             self._loop()
@@ -1006,6 +1047,7 @@ class _TrioHost:
         finally:
             _trio_run.Runner.reschedule = _TRIO_RESCHEDULE  # type: ignore[method-assign]
             _trio_traps.WaitTaskRescheduled = _TRIO_WAIT_MESSAGE  # type: ignore[misc]
+            _trio_run.CancelScope._might_change_registered_deadline = _TRIO_DEADLINE_UPDATE  # type: ignore[method-assign]
             runner.clock = self.idle_clock
             task.context = self.context  # (drop the run's context: nothing of it lives on)
             _sniffio_library.name = saved_lib

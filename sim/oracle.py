@@ -139,7 +139,7 @@ class RecordingTransaction(Transaction):
         return result
 
     async def commit(self) -> None:
-        hooks = self._engine.hooks
+        hooks = self._engine._hooks  # (the attribute behind kv's hooks property: no Python frame)
         if self._mutations or self._write_ranges:
             wait = self._network(commit=True)
             if wait is not None:

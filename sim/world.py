@@ -33,6 +33,7 @@ import random
 import sys
 import threading
 import time
+import types
 import warnings
 from time import process_time as _process_time  # (bound at import: the run patches time.time/monotonic)
 from contextlib import contextmanager
@@ -247,12 +248,21 @@ class _SchedulerRandom(random.Random):
 _INF = float("inf")
 
 
-def _abort_sleep(cell: list[Any]) -> Callable[[Any], trio.lowlevel.Abort]:
+_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+
+
+@types.coroutine
+def _sleep_trap(cell: list[Any]) -> Any:
+    """``trio.lowlevel.wait_task_rescheduled`` for :meth:`VirtualClock.sleep`, in one generator frame
+    (trio's is a coroutine awaiting a generator): the same message — trio's ``WaitTaskRescheduled``
+    as looked up now, i.e. the host's plain one during a hosted run — and the same unwrap of what
+    the task is woken with."""
+
     def abort(_: Any) -> trio.lowlevel.Abort:
         cell[0] = None  # cancelled: the wake-up finds nobody
-        return trio.lowlevel.Abort.SUCCEEDED
+        return _ABORT_SUCCEEDED
 
-    return abort
+    return (yield _trio_traps.WaitTaskRescheduled(abort)).unwrap()
 
 
 class VirtualClock(trio.abc.Clock):
@@ -331,7 +341,7 @@ class VirtualClock(trio.abc.Clock):
         seq = self._seq
         self._seq = seq + 1
         _heappush(self._sleepers, (deadline, seq, cell))
-        await _wait_task_rescheduled(_abort_sleep(cell))
+        await _sleep_trap(cell)
 
 
 def _now_reader(clock: VirtualClock) -> Callable[[], float]:

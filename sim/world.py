@@ -778,6 +778,7 @@ def _deadline_update(self: Any) -> _DeadlineUpdate:
 
 
 _TRIO_DEADLINE_UPDATE = _trio_run.CancelScope._might_change_registered_deadline
+_TRIO_CURRENT_TIME = _trio_run.current_time  # type: ignore[attr-defined]
 _TRIO_NO_SEND = _trio_run._NO_SEND
 _TRIO_RESCHEDULE = _trio_run.Runner.reschedule
 _TRIO_WAIT_MESSAGE = _trio_traps.WaitTaskRescheduled
@@ -1048,6 +1049,9 @@ class _TrioHost:
         _trio_run.Runner.reschedule = _reschedule  # type: ignore[method-assign]
         _trio_traps.WaitTaskRescheduled = _WaitTaskRescheduled  # type: ignore[misc]
         _trio_run.CancelScope._might_change_registered_deadline = _deadline_update  # type: ignore[method-assign]
+        # (trio's cancel scopes read the time through current_time(): a wrapper, the Runner's method,
+        # then the clock; here the run's clock read directly, the same float, no Python frame)
+        _trio_run.current_time = _now_reader(clock)  # type: ignore[attr-defined]
         runner.reschedule(task, outcome.Value(entry))
         try:
             self._loop()
@@ -1058,6 +1062,7 @@ class _TrioHost:
             _trio_run.Runner.reschedule = _TRIO_RESCHEDULE  # type: ignore[method-assign]
             _trio_traps.WaitTaskRescheduled = _TRIO_WAIT_MESSAGE  # type: ignore[misc]
             _trio_run.CancelScope._might_change_registered_deadline = _TRIO_DEADLINE_UPDATE  # type: ignore[method-assign]
+            _trio_run.current_time = _TRIO_CURRENT_TIME  # type: ignore[attr-defined]
             runner.clock = self.idle_clock
             task.context = self.context  # (drop the run's context: nothing of it lives on)
             _sniffio_library.name = saved_lib

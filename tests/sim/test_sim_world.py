@@ -63,7 +63,8 @@ def test_process_globals_are_restored_after_a_run():
         return (os.urandom, time.time, time.monotonic, random.Random.seed, trio_run._ALLOW_DETERMINISTIC_SCHEDULING,
                 trio.sleep, trio_run._r, trio_run._r.getstate(), trio_run.TheIOManager, trio_run.Instruments,
                 sys.get_asyncgen_hooks(), sniffio.thread_local.name, trio_run.Runner.reschedule,
-                trio._core._traps.WaitTaskRescheduled, trio_run.CancelScope._might_change_registered_deadline)
+                trio._core._traps.WaitTaskRescheduled, trio_run.CancelScope._might_change_registered_deadline,
+                trio_run.current_time)
 
     saved = state()
     run_once(OutboxScenario, 3, random_plan(3))

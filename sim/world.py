@@ -694,6 +694,11 @@ class World:
 
 
 _TRIO_RUN = trio.run
+# The trio whose internals _TrioHost copies (its event loop, Runner.reschedule, a cancel scope's
+# deadline update, current_time). pyproject allows older trios for the rest of surefoot; on any
+# other trio the sim runs each run in a fresh trio.run, as before the host: slower, the same runs.
+HOSTED_TRIO = "0.32."
+HOST_AVAILABLE = trio.__version__.startswith(HOSTED_TRIO)
 # A hosted run that leaves work behind in trio (a task in its system nursery, a run_sync_soon
 # callback) is given at most this many more scheduler ticks to finish it before the host is retired.
 HOST_DRAIN_TICKS = 1_000
@@ -1118,9 +1123,10 @@ _hosts: dict[int, _TrioHost] = {}
 
 
 def _host() -> "_TrioHost | None":
-    """This thread's host (made on first use), or None where a fresh ``trio.run`` must be used: inside
-    a trio run already (nested runs are refused as ``trio.run`` refuses them)."""
-    if _trio_run.GLOBAL_RUN_CONTEXT.__dict__.get("runner") is not None:
+    """This thread's host (made on first use), or None where a fresh ``trio.run`` must be used: a
+    trio other than the one the host copies (``HOSTED_TRIO``), or inside a trio run already (nested
+    runs are refused as ``trio.run`` refuses them)."""
+    if not HOST_AVAILABLE or _trio_run.GLOBAL_RUN_CONTEXT.__dict__.get("runner") is not None:
         return None
     host = _hosts.get(threading.get_ident())
     if host is None or host.broken:

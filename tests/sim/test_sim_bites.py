@@ -80,21 +80,26 @@ def _interrupted_per_transcript(monkeypatch, scenario: str, runs: int) -> tuple[
     return run_session([scenario], SEED, runs=runs, max_failures=50), counts
 
 
+POISON_SEARCH_RUNS = 400  # (see the test's docstring)
+
+
 def test_a_poison_run_past_its_claim_leaves_each_attempts_call_to_the_next(monkeypatch):
     """Depth >= 1 of the poison-run fault: every attempt dies right after its first step of
     progress (here: the assistant message that starts a tool call), so each next claim finds
     the call left dangling, reports it interrupted and goes on — transcripts with three
-    interrupted calls of one run, which independent random crashes do not reach in the same
-    search; every invariant still holds."""
+    interrupted calls of one run, which independent random crashes reach too but rarely (same
+    search without the poison: 2 transcripts of 400 against 9 with it, at 5614f65); every
+    invariant still holds. 400 runs, not fewer: at 120 it was 3 against 1, a margin any change
+    of what a run reads could close (the search's schedules move with it)."""
     import sim.faults
 
     monkeypatch.setattr(sim.faults, "POISON_DEPTHS", (1,))
-    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
+    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", POISON_SEARCH_RUNS)
     assert summary.ok, summary.invariant_failures
     assert summary.faults.get("crash.poison_run", 0) >= 10 and max(counts) >= 3, (summary.faults, sorted(counts))
     poisoned = sum(c >= 3 for c in counts)
     monkeypatch.setattr(sim.faults, "MAX_POISON_CRASHES", 0)
-    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", 120)
+    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", POISON_SEARCH_RUNS)
     # (Independent random crashes reach three interrupted calls in one transcript too, rarely:
     # 1 run in 1,000 of this scenario at 40caa2a, 4 in 1,000 with the loop's reads of session 16;
     # which runs do moves with any change of what a run reads. So: less often than the poison.)

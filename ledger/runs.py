@@ -157,14 +157,23 @@ def _in_canonical_order(value: Any) -> Any:
     with str keys, lists, tuples and the _SAME_IN_BOTH_MODES leaves."""
     t = type(value)
     if t is dict:
-        keys = list(value)
+        if len(value) > 1:
+            # Two C-level sorts where one sort by _canonical_key makes a Python call per key:
+            # for ASCII keys (the usual), code point order then a stable sort by length is
+            # (length, bytes) order. sorted() and join() raise TypeError for keys that are not
+            # all str (a str subclass passes them, and is refused by the loop below).
+            try:
+                keys = sorted(value)
+                ascii_keys = "".join(keys).isascii()
+            except TypeError:
+                raise _NotPlain from None
+            keys.sort(key=len if ascii_keys else _canonical_key)
+        else:
+            keys = list(value)
+        out = {}
         for k in keys:
             if type(k) is not str:
                 raise _NotPlain
-        if len(keys) > 1:
-            keys.sort(key=_canonical_key)
-        out = {}
-        for k in keys:
             v = value[k]
             out[k] = v if type(v) in _SAME_IN_BOTH_MODES else _in_canonical_order(v)
         return out

@@ -95,7 +95,8 @@ async def call_model(
     clock: Clock = SYSTEM_CLOCK,
     retries_done: int = 0,
     resume_at: float | None = None,
-) -> Message:
+    cancel_scope: Callable[[], trio.CancelScope] | None = None,
+) -> Message | None:
     """The assistant message of one model call, after transient retries.
 
     ``retries_done`` resumes a retry sequence interrupted by a crash (the
@@ -105,21 +106,44 @@ async def call_model(
 
     ``stream_options``: the provider's extra keywords for a call clamped under a usage
     ceiling (``capped_call_options``); every retry is sent with the same ones.
+
+    ``cancel_scope``: makes the cancel scope the call may be cancelled through, entered
+    around each part of the call that can wait (a backoff sleep; a provider stream, unless
+    it has ``sync_events``, as the scripted model's unpaced one does) instead of one scope
+    the caller enters around the whole call. The same cancellation (trio delivers one only
+    where a task waits), without a scope (~48k instructions entered and left) around a
+    stream that cannot wait. None is returned when one of them caught a cancellation. The
+    caller makes each new scope cancelled if a cancel came meanwhile (the durable loop:
+    ``Runner._new_call_scope``). Without it, nothing here makes a cancel scope.
     """
     if resume_at is not None:
-        await clock.sleep_until(resume_at)
+        if cancel_scope is None:
+            await clock.sleep_until(resume_at)
+        else:
+            with cancel_scope() as cs:
+                await clock.sleep_until(resume_at)
+            if cs.cancelled_caught:
+                return None
     attempt = retries_done + 1
     max_attempts = 1 + policy.max_retries
     while True:
         builder = ResponseBuilder()
         try:
-            async for ev in stream_model(provider, system=system, messages=messages, tools=tools, max_tokens=max_tokens,
-                                          options=stream_options):
-                builder.add(ev)
-                if on_event is not None:
-                    r = on_event(ev)
-                    if r is not None:
-                        await r
+            if cancel_scope is None:
+                await _read(provider, builder, system, messages, tools, max_tokens, stream_options, on_event)
+            else:
+                # (an error of this call itself propagates unclassified, as from stream_model)
+                opened = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens,
+                                         **(stream_options or {}))
+                if getattr(opened, "sync_events", None) is not None:  # cannot wait: nothing to cancel
+                    await _read(provider, builder, system, messages, tools, max_tokens, stream_options, on_event,
+                                opened)
+                else:
+                    with cancel_scope() as cs:
+                        await _read(provider, builder, system, messages, tools, max_tokens, stream_options,
+                                    on_event, opened)
+                    if cs.cancelled_caught:
+                        return None
             return builder.message()
         except TransientProviderError as e:
             # After output, stream_model raised StreamBrokenError instead: never here.
@@ -130,5 +154,32 @@ async def call_model(
             log.info("%s: %s; retry %d/%d in %.2fs", getattr(provider, "name", "?"), e.message, attempt, policy.max_retries, delay)
             if on_retry is not None:
                 await on_retry(notice)
-            await clock.sleep_until(notice.next_attempt_at)
+            if cancel_scope is None:
+                await clock.sleep_until(notice.next_attempt_at)
+            else:
+                with cancel_scope() as cs:
+                    await clock.sleep_until(notice.next_attempt_at)
+                if cs.cancelled_caught:
+                    return None
             attempt += 1
+
+
+async def _read(
+    provider: Provider,
+    builder: ResponseBuilder,
+    system: str,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    max_tokens: int | None,
+    stream_options: Mapping[str, Any] | None,
+    on_event: Callable[[StreamEvent], Awaitable[None] | None] | None,
+    opened: Any = None,
+) -> None:
+    """One attempt's stream, folded into ``builder``, each event handed to ``on_event``."""
+    async for ev in stream_model(provider, system=system, messages=messages, tools=tools, max_tokens=max_tokens,
+                                  options=stream_options, opened=opened):
+        builder.add(ev)
+        if on_event is not None:
+            r = on_event(ev)
+            if r is not None:
+                await r

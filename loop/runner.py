@@ -245,7 +245,13 @@ class Runner:
         self._ids: set[str] = set()
         self._ids_of: list[dict[str, Any]] | None = None
         self._ids_upto = 0
-        self._model_scope: trio.CancelScope | None = None
+        # While a model call runs (``_in_call``: its commits, a flush or a retry notice, are
+        # shielded), the cancel scope of the part of it that may wait, if any (see
+        # loop.calls.call_model's ``cancel_scope``; ``_new_call_scope``), and whether a failed
+        # flush stopped the call (every scope made for it after that starts cancelled).
+        self._in_call = False
+        self._call_scope: trio.CancelScope | None = None
+        self._call_stopped = False
         self._lease_lost = False
         self._scope: trio.CancelScope | None = None  # while executing: the drive's (see _lost_lease)
         self._host: trio.Nursery | None = None  # while executing: hosts a slow call's flusher
@@ -345,8 +351,23 @@ class Runner:
     def _note_cancel(self) -> None:
         if not self.cancel_event.is_set():
             self.cancel_event.set()
-            if self._model_scope is not None:
-                self._model_scope.cancel()
+            if self._call_scope is not None:
+                self._call_scope.cancel()
+
+    def _new_call_scope(self) -> trio.CancelScope:
+        """A cancel scope for a part of the model call that may wait (``call_model``'s
+        ``cancel_scope``): cancelled already when a cancel was noted or a flush failed
+        since the call began, as one scope around the whole call would be by then."""
+        scope = self._call_scope = trio.CancelScope()
+        if self._call_stopped or self.cancel_event.is_set():
+            scope.cancel()
+        return scope
+
+    def _stop_call(self) -> None:
+        """A failed flush stops the model call (the step then raises its error)."""
+        self._call_stopped = True
+        if self._call_scope is not None:
+            self._call_scope.cancel()
 
     # ------------------------------------------------------------------ commits
 
@@ -469,7 +490,7 @@ class Runner:
                 return st
 
             try:
-                if self._model_scope is None and lock is None:
+                if not self._in_call and lock is None:
                     self.state = await self._transact(fn)
                 else:
                     # Inside the model call's scope (a flush, a retry notice) or with a
@@ -746,10 +767,11 @@ class Runner:
         # and joined below before this step goes on (a fast answer starts none, and the call
         # needs no nursery of its own): (its cancel scope, set when it has finished).
         flusher: tuple[trio.CancelScope, trio.Event] | None = None
-        with trio.CancelScope() as scope:
-            self._model_scope = scope
-            if self.cancel_event.is_set():
-                scope.cancel()
+        # No cancel scope of the step's own around the call: call_model enters one (made by
+        # _new_call_scope) around each part of it that may wait, and a call whose stream cannot
+        # wait has none (a scope entered and left is ~48k instructions; two model calls a turn).
+        self._in_call, self._call_stopped, self._call_scope = True, False, None
+        try:
 
             async def first_flush() -> None:
                 nonlocal flusher
@@ -759,7 +781,7 @@ class Runner:
                     assert self._host is not None
                     if self._lock is None:  # (not inside a commit here: made before it can matter)
                         self._lock = trio.Lock()
-                    self._host.start_soon(self._flusher, coalescer, scope, flush_error, *flusher)
+                    self._host.start_soon(self._flusher, coalescer, flush_error, *flusher)
 
             def on_event(ev: Any) -> Awaitable[None] | None:
                 # A fast answer is journaled whole by message.added, with no part
@@ -797,6 +819,7 @@ class Runner:
                     clock=self.rt.clock,
                     retries_done=st.retries,
                     resume_at=st.next_attempt_at,
+                    cancel_scope=self._new_call_scope,
                 )
             except ProviderError as e:
                 error = e
@@ -807,7 +830,8 @@ class Runner:
                     flusher[0].cancel()
                     with trio.CancelScope(shield=True):
                         await flusher[1].wait()
-        self._model_scope = None
+        finally:
+            self._in_call, self._call_scope = False, None
         if flush_error:
             raise flush_error[0]
         if msg is None and error is None:
@@ -824,10 +848,10 @@ class Runner:
         assert msg is not None
         await self._model_done(msg, coalescer, plan)
 
-    async def _flusher(self, coalescer: PartCoalescer, scope: trio.CancelScope, errors: list[BaseException],
+    async def _flusher(self, coalescer: PartCoalescer, errors: list[BaseException],
                        own_scope: trio.CancelScope, done: trio.Event) -> None:
         """Flush streamed parts every FLUSH_INTERVAL until ``own_scope`` is cancelled; a failed
-        flush stops the call (``scope``) and is re-raised by the model step. Runs in the
+        flush stops the call (:meth:`_stop_call`) and is re-raised by the model step. Runs in the
         nursery hosting the run (the runtime's; see :meth:`execute`) and is joined by the step:
         anything it raises goes to ``errors``, never into that nursery."""
         try:
@@ -838,7 +862,7 @@ class Runner:
                         await self._flush(coalescer)
         except Exception as e:  # noqa: BLE001 — storage/lease failures and bugs alike: the step re-raises it
             errors.append(e)
-            scope.cancel()
+            self._stop_call()
         finally:
             done.set()
 
@@ -1086,6 +1110,7 @@ class Runner:
         except ProviderError as e:  # the summariser failed too: the run fails with its error
             await self._fail({**e.to_dict(), "during": "compaction"})
             return
+        assert summary_msg is not None  # (no cancel_scope given: call_model returns a message)
         entry = compaction_entry(M.text_of(summary_msg), cut, reason=reason, usage=summary_msg.get("usage") or {})
         usage = self._priced(summary_msg.get("usage") or {})
         st = self.state

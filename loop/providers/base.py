@@ -242,6 +242,7 @@ async def stream_model(
     tools: Sequence[ToolSpec],
     max_tokens: int | None = None,
     options: Mapping[str, Any] | None = None,
+    opened: AsyncIterator[StreamEvent] | None = None,
 ) -> AsyncIterator[StreamEvent]:
     """``provider.stream`` with errors classified and the after-output rule applied.
 
@@ -253,17 +254,33 @@ async def stream_model(
     ``options``: extra keywords for ``provider.stream``, as the provider's own
     ``capped_call_options`` gave them (passed only when non-empty, so a provider
     that has no such method never sees a keyword it does not know).
+
+    ``opened``: what the caller's own ``provider.stream(...)`` call (these arguments) returned,
+    to look at it before reading it (``loop.calls.call_model``: a stream with ``sync_events``
+    cannot wait); an error of that call is the caller's, unclassified, as it is here.
     """
     output = False
     finished = False
-    agen = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens, **(options or {}))
+    agen = opened if opened is not None else provider.stream(system=system, messages=messages, tools=tools,
+                                                             max_tokens=max_tokens, **(options or {}))
     try:
-        async for ev in agen:
-            if isinstance(ev, Finish):
-                finished = True
-            elif not output and _is_output(ev):  # (once output, always: no need to ask again)
-                output = True
-            yield ev
+        # A stream whose events need no waiting (the scripted model's unpaced one) offers
+        # them as a plain iterator: read without an awaited ``__anext__`` per event.
+        events = getattr(agen, "sync_events", None)
+        if events is not None:
+            for ev in events:
+                if isinstance(ev, Finish):
+                    finished = True
+                elif not output and _is_output(ev):  # (once output, always: no need to ask again)
+                    output = True
+                yield ev
+        else:
+            async for ev in agen:
+                if isinstance(ev, Finish):
+                    finished = True
+                elif not output and _is_output(ev):  # (once output, always: no need to ask again)
+                    output = True
+                yield ev
     except ProviderError as e:
         if output and not isinstance(e, StreamBrokenError):
             raise StreamBrokenError(f"stream failed after output: {e.message}", cause=e) from e

@@ -294,6 +294,12 @@ class _Unpaced:
     def __init__(self, events: Iterator[StreamEvent]) -> None:
         self._events = events
 
+    @property
+    def sync_events(self) -> Iterator[StreamEvent]:
+        """The events as a plain iterator (``stream_model`` reads them so: no coroutine a
+        event); the same iterator ``__anext__`` reads from."""
+        return self._events
+
     def __aiter__(self) -> "_Unpaced":
         return self
 

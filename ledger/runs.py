@@ -213,6 +213,28 @@ def encode_request(delivery: Any, result_schema: Any) -> tuple[bytes, str]:
     return body, hashlib.sha256(body).hexdigest()
 
 
+def _checked_submission(submission_id: str, delivery: Any, result_schema: Any, owner: OwnerLike,
+                        conversation: str, policy: str, limits: Mapping[str, int] | None,
+                        max_attempts: int, encoded: tuple[bytes, str] | None,
+                        ) -> tuple[str, dict[str, int], bytes, str]:
+    """A submission's arguments checked (a bad one raises ValueError before anything is
+    written) and normalised: its owner tag, its limits, its request body and hash (``encoded``,
+    or :func:`encode_request` of ``delivery`` and ``result_schema``). Pure: made once per
+    submit, not in each attempt of its transaction."""
+    tag = as_tag(owner)
+    _check_id("submission id", submission_id)
+    check_conversation_id(conversation)
+    limits = check_limits(limits)
+    if policy not in POLICIES:
+        raise ValueError(f"policy is one of {POLICIES}")
+    if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
+        raise ValueError(f"max_attempts must be in 1..{MAX_MAX_ATTEMPTS}")
+    body, digest = encoded if encoded is not None else encode_request(delivery, result_schema)
+    if len(body) > MAX_REQUEST_BYTES:
+        raise ValueError(f"a submission of {len(body)} bytes exceeds {MAX_REQUEST_BYTES}")
+    return tag, limits, body, digest
+
+
 def _check_id(kind: str, value: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ID:
         raise ValueError(f"{kind} is a non-empty string of at most {MAX_ID} characters")
@@ -429,17 +451,18 @@ class Ledger:
         pending acknowledgement's ``lease`` is then set. ``encoded``:
         :func:`encode_request` of this delivery and schema, made once before
         the transaction (not again in each attempt)."""
-        tag = as_tag(owner)
-        _check_id("submission id", submission_id)
-        check_conversation_id(conversation)
-        limits = check_limits(limits)  # (a bad one raises before anything is written)
-        if policy not in POLICIES:
-            raise ValueError(f"policy is one of {POLICIES}")
-        if not 1 <= max_attempts <= MAX_MAX_ATTEMPTS:
-            raise ValueError(f"max_attempts must be in 1..{MAX_MAX_ATTEMPTS}")
-        body, digest = encoded if encoded is not None else encode_request(delivery, result_schema)
-        if len(body) > MAX_REQUEST_BYTES:
-            raise ValueError(f"a submission of {len(body)} bytes exceeds {MAX_REQUEST_BYTES}")
+        tag, limits, body, digest = _checked_submission(
+            submission_id, delivery, result_schema, owner, conversation, policy, limits, max_attempts, encoded)
+        return await self._submit_tr(tr, tag, submission_id, body, digest, conversation, policy, limits,
+                                     max_attempts, claim)
+
+    async def _submit_tr(self, tr: Any, tag: str, submission_id: str, body: bytes, digest: str,
+                         conversation: str, policy: Policy, limits: dict[str, int], max_attempts: int,
+                         claim: _ClaimOnSubmit | None) -> _PendingAck:
+        """:meth:`submit_tr` with its arguments checked by :func:`_checked_submission`
+        (:meth:`submit` and :meth:`submit_and_claim` check them once, before the
+        transaction, and call this positionally in each attempt). Guarded by the
+        submission record (read first)."""
         sub_key = self.keys.submission(tag, submission_id)
         raw = await tr.get(sub_key)
         if raw is not None:
@@ -546,11 +569,10 @@ class Ledger:
                      max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Acknowledgement:
         """Durably accept a request; see the module docstring. Guarded (see :meth:`submit_tr`)."""
         sid = submission_id or self.new_id()
-        tag = as_tag(owner)
-        encoded = encode_request(delivery, result_schema)
-        pending = await self.db.transact(lambda tr: self.submit_tr(
-            tr, sid, delivery, result_schema, owner=tag, conversation=conversation, policy=policy,
-            limits=limits, max_attempts=max_attempts, encoded=encoded))
+        tag, limits, body, digest = _checked_submission(
+            sid, delivery, result_schema, owner, conversation, policy, limits, max_attempts, None)
+        pending = await self.db.transact(lambda tr: self._submit_tr(
+            tr, tag, sid, body, digest, conversation, policy, limits, max_attempts, None))
         self.journal.note_committed(tag, conversation)  # it journaled run.queued
         return await pending.result()
 
@@ -583,12 +605,11 @@ class Ledger:
             raise ValueError(f"lease_seconds must be in (0, {MAX_LEASE_SECONDS}]")
         sid = submission_id or self.new_id()
         claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
-        if encoded is None:
-            encoded = encode_request(delivery, result_schema)
-        pending = await self.db.transact(lambda tr: self.submit_tr(
-            tr, sid, delivery, result_schema, owner=owner, conversation=conversation, policy=policy,
-            limits=limits, max_attempts=max_attempts, claim=claim, encoded=encoded))
-        self.journal.note_committed(owner, conversation)  # it journaled run.queued
+        tag, limits, body, digest = _checked_submission(
+            sid, delivery, result_schema, owner, conversation, policy, limits, max_attempts, encoded)
+        pending = await self.db.transact(lambda tr: self._submit_tr(
+            tr, tag, sid, body, digest, conversation, policy, limits, max_attempts, claim))
+        self.journal.note_committed(tag, conversation)  # it journaled run.queued
         return await pending.result(), pending.lease
 
     async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:

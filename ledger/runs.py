@@ -151,25 +151,50 @@ def _canonical_key(key: str) -> tuple[int, str]:
     return (len(key), key) if key.isascii() else (len(key.encode()), key)
 
 
+#: Canonical key order by map shape (see _in_canonical_order); cleared when full. Shapes of
+#: at most _KEY_ORDER_KEYS keys are remembered (a bigger map is sorted each time).
+_KEY_ORDER: dict[tuple, tuple] = {}
+_KEY_ORDER_SIZE = 1_024
+_KEY_ORDER_KEYS = 16
+assert _KEY_ORDER_SIZE > 0
+
+
+def _canonical_key_order(shape: tuple) -> tuple:
+    """The keys of ``shape`` (a dict's, in insertion order) in canonical order. Two C-level
+    sorts where one sort by _canonical_key makes a Python call per key: for ASCII keys (the
+    usual), code point order then a stable sort by length is (length, bytes) order. sorted()
+    and join() raise TypeError for keys that are not all str (a str subclass passes them,
+    and is refused by _in_canonical_order's loop)."""
+    try:
+        keys = sorted(shape)
+        ascii_keys = "".join(keys).isascii()
+    except TypeError:
+        raise _NotPlain from None
+    keys.sort(key=len if ascii_keys else _canonical_key)
+    return tuple(keys)
+
+
 def _in_canonical_order(value: Any) -> Any:
     """``value`` rebuilt with every map's keys in canonical order, so that cbor2's ordinary
     encoding of it is its canonical encoding; raises _NotPlain for anything else than dicts
     with str keys, lists, tuples and the _SAME_IN_BOTH_MODES leaves."""
     t = type(value)
     if t is dict:
-        if len(value) > 1:
-            # Two C-level sorts where one sort by _canonical_key makes a Python call per key:
-            # for ASCII keys (the usual), code point order then a stable sort by length is
-            # (length, bytes) order. sorted() and join() raise TypeError for keys that are not
-            # all str (a str subclass passes them, and is refused by the loop below).
-            try:
-                keys = sorted(value)
-                ascii_keys = "".join(keys).isascii()
-            except TypeError:
-                raise _NotPlain from None
-            keys.sort(key=len if ascii_keys else _canonical_key)
+        n = len(value)
+        if 1 < n <= _KEY_ORDER_KEYS:
+            # A request's maps come in few shapes (a message's, a content part's...): their
+            # canonical key order is remembered per shape (the keys in insertion order).
+            shape = tuple(value)
+            keys = _KEY_ORDER.get(shape)
+            if keys is None:
+                keys = _canonical_key_order(shape)
+                if len(_KEY_ORDER) >= _KEY_ORDER_SIZE:
+                    _KEY_ORDER.clear()
+                _KEY_ORDER[shape] = keys
+        elif n > 1:
+            keys = _canonical_key_order(tuple(value))
         else:
-            keys = list(value)
+            keys = value
         out = {}
         for k in keys:
             if type(k) is not str:

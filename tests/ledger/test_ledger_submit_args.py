@@ -91,3 +91,30 @@ async def test_every_entry_point_stores_the_same_request_and_is_idempotent(db, c
     with pytest.raises(SubmissionConflict):
         await _call(L, how, delivery={**delivery, "z": 2})
     assert len(await L.list_runs(OWNER, "c")) == 1
+
+
+def test_key_order_remembered_per_shape_gives_the_canonical_bytes():
+    """ledger.runs remembers a map shape's canonical key order (_KEY_ORDER): maps of one shape
+    with other values, shapes that differ only in insertion order, a str-subclass key in a
+    remembered shape, a map past _KEY_ORDER_KEYS keys, and the memo's clearing when full all
+    still encode byte for byte as cbor2's canonical mode."""
+    import cbor2
+
+    from ledger import runs
+
+    class S(str):
+        pass
+
+    def same(value):
+        body, _ = encode_request(value, None)
+        assert body == cbor2.dumps({"delivery": value, "result_schema": None}, canonical=True), value
+
+    for i in range(3):
+        same({"role": "user", "content": [{"type": "text", "text": f"hi {i}"}]})
+        same({"content": [{"text": f"hi {i}", "type": "text"}], "role": "user"})
+    same({S("role"): "user", "content": []})  # the shape ("role", "content") is remembered
+    same({f"k{i}": i for i in range(runs._KEY_ORDER_KEYS + 5)})
+    same({"é": 1, "z": 2, "ab": 3})
+    for i in range(runs._KEY_ORDER_SIZE + 10):
+        same({f"a{i}": 1, "b": [i]})
+    assert 0 < len(runs._KEY_ORDER) <= runs._KEY_ORDER_SIZE

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 __all__ = ["LmdbStore", "DataDirectoryLocked", "open_lmdb_engine"]
 
 FORMAT = layout.FORMAT
+_SHORT, _PREFIX = layout.SHORT, layout.PREFIX  # (read by every snapshot get: a global, not an attribute)
 CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB commit (data, then meta page)
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
@@ -140,8 +141,8 @@ class _LmdbSnapshot:
                     if older[i] <= self.version:
                         return older[i + 1]
             # every overlay entry is newer than this snapshot: the base has the key's value
-        if len(key) <= layout.SHORT:  # the hot path, inline
-            return self._base.txn.get(layout.PREFIX + key)
+        if len(key) <= _SHORT:  # the hot path, inline (layout's constants as globals of this module)
+            return self._base.txn.get(_PREFIX + key)
         return layout.get(self._base.txn, key)
 
     def range(self, begin: bytes, end: bytes, reverse: bool, limit: int) -> list[tuple[bytes, bytes]]:

@@ -92,13 +92,13 @@ def _loop_is_idle() -> bool:
     its internals too), and falls back to the public call on a trio it does
     not recognise.
     """
-    runner = getattr(_trio_run.GLOBAL_RUN_CONTEXT, "runner", None)
-    runq = getattr(runner, "runq", None)
-    entry_queue = getattr(runner, "entry_queue", None)
-    if runq is None or entry_queue is None:
+    try:  # (attribute reads, not getattr calls: asked before every lone commit)
+        runner = _trio_run.GLOBAL_RUN_CONTEXT.runner
+        entry_queue = runner.entry_queue  # (EntryQueue.size(), its two deques, read directly)
+        return not runner.runq and not entry_queue.queue and not entry_queue.idempotent_queue
+    except AttributeError:
         stats = trio.lowlevel.current_statistics()
         return stats.tasks_runnable == 0 and stats.run_sync_soon_queue_size == 0
-    return not runq and entry_queue.size() == 0
 
 
 class DataDirectoryLocked(RuntimeError):

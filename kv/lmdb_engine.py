@@ -583,6 +583,11 @@ class LmdbStore:
             raise error from exc
         return _Job(self, version, touched, dead, len(record))
 
+    @property
+    def waits_refuse_cancel(self) -> bool:
+        """Whether a job's wait refuses cancellation by itself (see ``walsync.done``)."""
+        return walsync._REFUSING_WAIT
+
     def can_submit_ahead(self) -> bool:
         """Whether the next batch may be written and its sync requested while one is still out.
 

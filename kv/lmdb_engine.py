@@ -330,7 +330,8 @@ class LmdbStore:
         self._use_checkpointer = checkpointer
         self._proc: subprocess.Popen | None = None
         self._checkpointer_starts = 0
-        self.stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0, "segments_sealed": 0, "overlay_keys": 0}
+        # (the figures read through the stats property; its two derived ones are filled in there)
+        self._stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0, "segments_sealed": 0, "overlay_keys": 0}
         self._sync = walsync.SyncHelper(self._wal_dir)  # its process starts with the first pipelined batch
         self._closed = False
 
@@ -363,6 +364,18 @@ class LmdbStore:
             )
 
     # -- reads ------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: batches, bytes_written, segments_sealed, and two figures derived when read
+        (not by every batch: ~1k instructions a commit): overlay_keys (the overlay's keys now)
+        and fsyncs (the log's syncs, plus the checkpoint's for every sealed segment, made in
+        the helper process, off every acknowledgement's path, but made: the honest count).
+        The same dict each time."""
+        stats = self._stats
+        stats["overlay_keys"] = len(self._top_ver)
+        stats["fsyncs"] = self._log.fsyncs + CHECKPOINT_SYNCS_PER_SEGMENT * stats["segments_sealed"]
+        return stats
 
     def committed_version(self) -> int:
         return self._version
@@ -781,19 +794,15 @@ class LmdbStore:
         self._recent.append((version, tuple(touched)))
         if dead:
             self._dead.extend(dead)
-        stats = self.stats
+        stats = self._stats
         stats["batches"] += 1
         stats["bytes_written"] += nbytes
-        stats["overlay_keys"] = len(self._top_ver)
         if sealed:
             stats["segments_sealed"] += 1
             self._sealed_through = version
             self._checkpoint_due = True
             if self._use_checkpointer:
                 self._request_checkpoint()
-        # The log's syncs, plus the checkpoint's for every sealed segment (made in the helper
-        # process, off every acknowledgement's path, but made): the honest count per batch.
-        stats["fsyncs"] = self._log.fsyncs + CHECKPOINT_SYNCS_PER_SEGMENT * stats["segments_sealed"]
         if self._released or self._checkpoint_due:  # (blind writers take no snapshots: look here too)
             self._maintain()
         if self._recent and self._recent[0][0] <= self._trim_floor:
@@ -879,8 +888,7 @@ class LmdbStore:
         """
         if self._log.size:
             self._log.seal()
-            self.stats["segments_sealed"] += 1
-            self.stats["fsyncs"] += 1 + CHECKPOINT_SYNCS_PER_SEGMENT
+            self._stats["segments_sealed"] += 1  # (seal() counted its fsync in the log's)
         self._sealed_through = self._version
         with wal.checkpoint_lock(self.path):
             wal.checkpoint_pass(self.env, self._wal_dir, include_newest=False)

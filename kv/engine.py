@@ -429,6 +429,9 @@ class Engine:
         (and within MAX_BATCH_TRANSACTIONS / MAX_BATCH_BYTES)."""
         assert 0 < most <= MAX_BATCH_TRANSACTIONS
         pending = self._pending
+        if len(pending) == 1 and pending[0].size <= MAX_BATCH_BYTES:  # a lone request (every inline commit)
+            self._pending = []
+            return pending
         if len(pending) <= most and sum(map(_request_size, pending)) <= MAX_BATCH_BYTES:
             # The usual case, the whole queue fits (the loop below would take it all):
             # summed in C, not one Python iteration per request.

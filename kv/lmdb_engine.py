@@ -630,7 +630,7 @@ class LmdbStore:
             for m in mutations:
                 kind = m[0]
                 if kind == "set":  # the common case
-                    key, value = m[1], m[2]
+                    _, key, value = m  # (one specialised unpack, not two subscripts)
                     top = top_ver.get(key)
                 elif kind == "atomic":  # ("atomic", op, key, param): ~8 a turn (counters)
                     _, op, key, param = m

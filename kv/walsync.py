@@ -274,8 +274,11 @@ def _refuse_abort(_: object) -> trio.lowlevel.Abort:
 
 
 # trio 0.32's epoll I/O manager, whose waiter registry _wait_readable_refusing_cancel fills in
-# (trio is pinned; on another trio, or another I/O manager, the answer is waited for under a shield)
-_REFUSING_WAIT = hasattr(trio._core._io_epoll, "EpollIOManager") if hasattr(trio._core, "_io_epoll") else False
+# (private: only on the trio it was copied from and tested with, REFUSING_WAIT_TRIO; on any other
+# trio the pin allows, or another I/O manager, the answer is waited for under a shield)
+REFUSING_WAIT_TRIO = "0.32."
+_REFUSING_WAIT = (trio.__version__.startswith(REFUSING_WAIT_TRIO) and hasattr(trio._core, "_io_epoll")
+                  and hasattr(trio._core._io_epoll, "EpollIOManager"))
 
 
 async def _wait_readable_refusing_cancel(sock: socket.socket) -> None:

@@ -68,7 +68,7 @@ async def test_a_pipelined_commit_cancelled_while_its_sync_is_out_still_lands(tm
         await db.close()
 
 
-@pytest.mark.skipif(not walsync._REFUSING_WAIT, reason="trio's epoll I/O manager is not there")
+@pytest.mark.skipif(not walsync._REFUSING_WAIT, reason="the refusing wait copies trio 0.32's epoll wait (walsync.REFUSING_WAIT_TRIO); not used here")
 async def test_the_refusing_wait_outlasts_a_cancel_and_wakes_on_data_or_close():
     a, b = socket.socketpair()
     a.setblocking(False)

@@ -116,14 +116,8 @@ async def call_model(
     caller makes each new scope cancelled if a cancel came meanwhile (the durable loop:
     ``Runner._new_call_scope``). Without it, nothing here makes a cancel scope.
     """
-    if resume_at is not None:
-        if cancel_scope is None:
-            await clock.sleep_until(resume_at)
-        else:
-            with cancel_scope() as cs:
-                await clock.sleep_until(resume_at)
-            if cs.cancelled_caught:
-                return None
+    if resume_at is not None and not await _sleep_until(clock, resume_at, cancel_scope):
+        return None
     attempt = retries_done + 1
     max_attempts = 1 + policy.max_retries
     while True:
@@ -154,14 +148,20 @@ async def call_model(
             log.info("%s: %s; retry %d/%d in %.2fs", getattr(provider, "name", "?"), e.message, attempt, policy.max_retries, delay)
             if on_retry is not None:
                 await on_retry(notice)
-            if cancel_scope is None:
-                await clock.sleep_until(notice.next_attempt_at)
-            else:
-                with cancel_scope() as cs:
-                    await clock.sleep_until(notice.next_attempt_at)
-                if cs.cancelled_caught:
-                    return None
+            if not await _sleep_until(clock, notice.next_attempt_at, cancel_scope):
+                return None
             attempt += 1
+
+
+async def _sleep_until(clock: Clock, at: float, cancel_scope: Callable[[], trio.CancelScope] | None) -> bool:
+    """A backoff wait, inside a scope made by ``cancel_scope`` if given; False when that scope
+    caught a cancellation (the call is then abandoned: ``call_model`` returns None)."""
+    if cancel_scope is None:
+        await clock.sleep_until(at)
+        return True
+    with cancel_scope() as cs:
+        await clock.sleep_until(at)
+    return not cs.cancelled_caught
 
 
 async def _read(

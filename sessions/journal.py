@@ -78,8 +78,6 @@ MAX_EVENTS_PER_TRANSACTION = 65_535
 TRIM_BATCH = 5_000
 #: Conversations whose small growth the trimmer remembers between sweeps.
 MAX_TRACKED_CONVERSATIONS = 100_000
-#: Conversations known to exist (see :meth:`Journal.note_committed`) kept in memory.
-MAX_KNOWN_CONVERSATIONS = 100_000
 #: Conversations whose emit keys an emit remembers (see Journal._append_keys): as the
 #: keyspace's caches, small (the hot ones are those with runs in flight); forgetting is safe.
 APPEND_KEYS_CACHE = 1_024
@@ -166,10 +164,6 @@ class EventRef:
 _ORDER_ATTR = "_surefoot_event_order"
 _ORDER: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
-# Conversation records this transaction attempt made sure of (see _ensure_conversation).
-_ENSURED_ATTR = "_surefoot_ensured"
-_ENSURED: "weakref.WeakKeyDictionary[Any, tuple[Any, set[bytes]]]" = weakref.WeakKeyDictionary()
-
 
 def _next_order(tr: Any, count: int = 1) -> int:
     """The first of ``count`` consecutive orders reserved in ``tr``."""
@@ -197,6 +191,7 @@ def _stamped_event_key(prefix: bytes, order: int) -> bytes:
 
 
 _ADD_ONE = pack_i64(1)
+_ADD_ZERO = pack_i64(0)
 
 #: An event value's first bytes per event type: CBOR's head of a 4-element array, then the
 #: type's string (see Journal.emit_many_tr); the keys are exactly ev.EVENT_TYPES.
@@ -239,9 +234,6 @@ class Journal:
         # Trim once the excess passes the slack, so trimming is amortised
         # over many appends instead of costing a transaction per append.
         self.trim_slack = trim_slack if trim_slack is not None else max(1, min(1_000, retention // 10 or 1))
-        # Conversations whose record a caller saw commit (note_committed): records are never
-        # deleted, so emits to them skip the create-if-missing read. Bounded; forgetting is safe.
-        self._known: set[tuple[str, str]] = set()
         self._appends: dict[tuple[str, str], tuple[bytes, bytes, bytes]] = {}  # see _append_keys
         self._grown: dict[tuple[str, str], int] = {}  # emits since last trim, per conversation
         # Those of _grown past the slack, noted as they cross it: the trimmer takes them from
@@ -282,9 +274,10 @@ class Journal:
             check_conversation_id(conversation)
             return []
         ck = (tag, conversation)
-        known = ck in self._known
-        if not known:  # (a known one was checked when it was first emitted to)
+        keys = self._appends.get(ck)
+        if keys is None:  # (a remembered one was checked when it was first emitted to)
             check_conversation_id(conversation)
+            keys = self._append_keys(ck)
         now = self.clock()
         # The value is a CBOR array [type, data, ts, eid] (cheaper to decode than a map on
         # replay), built as its parts' encodings concatenated: the same bytes as
@@ -307,9 +300,9 @@ class Journal:
                 raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
                                "in the transcript or an attachment and reference it")
             values.append(value)
-        if not known:
-            await self._ensure_conversation(tr, tag, conversation)
-        head, tail, emitted = self._append_keys(ck)
+        # (No create-if-missing of the conversation: the emitted-count add below makes it
+        # exist, see _check_conversation. Nothing read, so nothing for a retry to guard.)
+        head, tail, emitted = keys
         out: list[EventRef] = []
         order = _next_order(tr, len(values))
         if refs:
@@ -344,51 +337,17 @@ class Journal:
         return keys
 
     def note_committed(self, owner: OwnerLike, conversation: str) -> None:
-        """Tell the journal a transaction that emitted to ``conversation`` committed: its
-        record exists for good, so later emits skip the create-if-missing read."""
-        if len(self._known) >= MAX_KNOWN_CONVERSATIONS:
-            self._known.clear()
-        self._known.add((as_tag(owner), conversation))
-
-    async def _ensure_conversation(self, tr: Any, tag: str, conversation: str) -> None:
-        # Snapshot read: creating the record must not make concurrent first
-        # emitters conflict; they all write the same value. Done once per
-        # transaction *attempt*: the attempt is identified by the transaction's
-        # versionstamp future, which a reset replaces (a backend that returns a
-        # new future per call just makes this read every time). No cache across
-        # transactions: a snapshot read also sees this attempt's own write,
-        # which vanishes if the attempt fails.
-        key = self.keys.conversation(tag, conversation)
-        stamp = tr.get_versionstamp()
-        try:
-            seen = getattr(tr, _ENSURED_ATTR, None)
-            attr = True
-        except AttributeError:
-            seen, attr = None, False
-        if seen is None and not attr:
-            try:
-                seen = _ENSURED.get(tr)
-            except TypeError:
-                seen = None
-        if seen is not None and seen[0] is stamp:
-            if key in seen[1]:
-                return
-        else:
-            seen = (stamp, set())
-            try:
-                setattr(tr, _ENSURED_ATTR, seen)
-            except AttributeError:
-                try:
-                    _ENSURED[tr] = seen
-                except TypeError:
-                    pass
-        if await tr.snapshot.get(key) is None:
-            tr.set(key, dumps({"owner": tag}))
-        seen[1].add(key)
+        """Tell the journal a transaction that emitted to ``conversation`` committed. Kept for
+        callers: an emit reads nothing about its conversation any more (its emitted-count add
+        is what makes the conversation exist), so there is nothing left to skip."""
 
     async def ensure_conversation_tr(self, tr: Any, owner: OwnerLike, conversation: str) -> None:
-        """Make the conversation exist for ``owner`` (journal reads of it then succeed, empty)."""
-        await self._ensure_conversation(tr, as_tag(owner), check_conversation_id(conversation))
+        """Make the conversation exist for ``owner`` (journal reads of it then succeed, empty).
+
+        Idempotent and blind: an add of 0 to the emitted count, which creates that key (as
+        0) when absent and changes nothing otherwise; the count's existence is what
+        :meth:`_check_conversation` looks for."""
+        tr.add(self.keys.emitted(as_tag(owner), check_conversation_id(conversation)), _ADD_ZERO)
 
     async def emit_many(self, owner: OwnerLike, conversation: str, items: list[tuple[str, Any]],
                         *, guard: Callable[[Any], Any] | None = None) -> list[str]:
@@ -452,6 +411,16 @@ class Journal:
         return sub.raw_prefix + _VS_CODE + position
 
     async def _check_conversation(self, tr: Any, tag: str, conversation: str) -> None:
+        # A conversation exists once its emitted-count key does: every emit adds to it and
+        # ensure_conversation_tr adds 0, and nothing ever clears it (trimming counts in its
+        # own key), so a snapshot read is enough (no conflict with the emits that bump it;
+        # existence never goes away). The count is under the owner's prefix, so only the
+        # owner's writes made it. Older stored data: a conversation record ("cv") written by
+        # the first emit or by ensure_conversation_tr, with the owner tag in its value, the
+        # only sign of a conversation made by ensure_conversation_tr alone; read when the
+        # count is absent.
+        if await tr.snapshot.get(self.keys.emitted(tag, conversation)) is not None:
+            return
         raw = await tr.get(self.keys.conversation(tag, conversation))
         if raw is None or loads(raw).get("owner") != tag:
             if raw is not None:

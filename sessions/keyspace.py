@@ -9,15 +9,19 @@ which readers check again.
 
 Key (under root["s"])                       Value
 ------------------------------------------  ---------------------------------------------
-("o", T, "cv", conv)                        CBOR {"owner": T}: the conversation exists for T
-                                            (written by the first journal emit; a journal read
-                                            of a conversation without it is NotFound)
+("o", T, "cv", conv)                        CBOR {"owner": T}: the conversation exists for T.
+                                            Older layout, read only: written by the first
+                                            journal emit and by ensure_conversation_tr until
+                                            session 17; now the "n" key below says it (a
+                                            journal read finding neither is NotFound)
 ("o", T, "jn", conv, "e", <versionstamp>)   CBOR [type, data, ts, eid]: one journal event
                                             (eid: null, or the id a guarded writer looks for);
                                             the 12-byte versionstamp (10 commit + 2
                                             per-transaction order) *is* the event's position
 ("o", T, "jn", conv, "n")                   int64 LE: events ever emitted (atomic add; watched
-                                            by followers; never decreases, so no ABA)
+                                            by followers; never decreases, so no ABA; never
+                                            cleared). Its existence is the conversation's:
+                                            every emit adds to it, ensure_conversation_tr adds 0
 ("o", T, "jn", conv, "t")                   int64 LE: events ever trimmed (atomic add, trimmers)
 ("o", T, "jn", conv, "w")                   12 bytes: position of the last trimmed event (the
                                             retention watermark; cursors <= it fell behind)

@@ -31,9 +31,13 @@ Key (under root["s"])                       Value
                                             history starts (Transcripts.read_tail_tr; the
                                             loop's latest compaction cut); absent = no session
 ("o", T, "ss", sid, "meta")                 CBOR metadata {"owner", "id", "created", "project",
-                                            "parent", "fork_at", "title", "extra"}
+                                            "parent", "fork_at", "title", "extra"}: older
+                                            layout, read only (sessions created before session
+                                            17; their "sl" value is empty)
 ("o", T, "ss", sid, "m", seq, chunk)        bytes: chunk ``chunk`` of message ``seq``'s CBOR
-("o", T, "sl", sid)                         b"": session listing index for the owner
+("o", T, "sl", sid)                         the session listing index for the owner; its value
+                                            is the session's CBOR metadata (as "meta" above;
+                                            b"" for a session of the older layout)
 ("o", T, "pj", pid)                         CBOR project {"owner", "id", "name", "created",
                                             "agents": {agent_name: overrides}}
 ("o", T, "pm", pid, sid)                    b"": session ``sid`` belongs to project ``pid``

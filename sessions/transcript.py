@@ -2,7 +2,7 @@
 
 Shape
     A session is a head key (message count, fork segments, last append token,
-    owner tag), numbered message keys ``(seq, chunk)`` and a metadata key (see
+    owner tag), numbered message keys ``(seq, chunk)`` and a listing key holding its metadata (see
     keyspace.py). Messages are any CBOR-able dicts; the loop defines their
     contents (role, parts, tool calls, results...). A message larger than one
     kv value is split into chunks, written in the same transaction.
@@ -186,8 +186,9 @@ class Transcripts:
         now = self.clock()
         meta = {"owner": tag, "id": sid, "created": now, "project": project, "parent": None,
                 "fork_at": None, "title": title, "extra": dict(extra or {})}
-        tr.set(self.keys.meta(tag, sid), dumps(meta))
-        tr.set(self.keys.session_listing(tag, sid), b"")
+        # The metadata is the listing entry's value (one key a new session, not two: a new
+        # conversation's first commit makes it); see _meta_raw for the older layout.
+        tr.set(self.keys.session_listing(tag, sid), dumps(meta))
         if project is not None:
             tr.set(self.keys.project_member(tag, project, sid), b"")
         return {"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None}, now
@@ -197,8 +198,17 @@ class Transcripts:
         sid = session_id or self.new_id()
         return await self.db.transact(lambda tr: self.create_tr(tr, owner, sid, **kw))
 
+    async def _meta_raw(self, tr: Any, tag: str, sid: str) -> bytes | None:
+        """The session's metadata record (CBOR), None when there is none. Stored as the value
+        of its listing entry ("sl") since session 17; sessions created before that have an
+        empty listing value and the record under ("ss", sid, "meta"), read then."""
+        raw = await tr.get(self.keys.session_listing(tag, sid))
+        if not raw:  # (None: no listing either; b"": the older layout)
+            raw = await tr.get(self.keys.meta(tag, sid))
+        return raw
+
     async def _info(self, tr: Any, tag: str, sid: str, head: dict[str, Any]) -> SessionInfo:
-        raw = await tr.get(self.keys.meta(tag, sid))
+        raw = await self._meta_raw(tr, tag, sid)
         meta = loads(raw) if raw is not None else {}
         if meta and meta.get("owner") != tag:
             raise NotFound(f"session {sid!r} not found")
@@ -487,7 +497,7 @@ class Transcripts:
             return None  # too deep a chain: copy instead
         now = self.clock()
         tr.set(self.keys.head(tag, new_sid), dumps({"owner": tag, "n": at, "base": at, "seg": seg, "tok": None}))
-        pmeta_raw = await tr.get(self.keys.meta(tag, sid))
+        pmeta_raw = await self._meta_raw(tr, tag, sid)
         project = loads(pmeta_raw).get("project") if pmeta_raw else None
         self._write_fork_meta(tr, tag, new_sid, sid, at, now, project, title)
         return SessionInfo(new_sid, tag, at, now, project, sid, at, title, {})
@@ -496,14 +506,13 @@ class Transcripts:
                          project: str | None, title: str | None) -> None:
         meta = {"owner": tag, "id": new_sid, "created": now, "project": project, "parent": sid,
                 "fork_at": at, "title": title, "extra": {}}
-        tr.set(self.keys.meta(tag, new_sid), dumps(meta))
-        tr.set(self.keys.session_listing(tag, new_sid), b"")
+        tr.set(self.keys.session_listing(tag, new_sid), dumps(meta))  # (the metadata: see _new_session)
         if project is not None:
             tr.set(self.keys.project_member(tag, project, new_sid), b"")
 
     async def _existing_fork(self, tr: Any, tag: str, sid: str, at: int, new_sid: str,
                              head: dict[str, Any]) -> SessionInfo:
-        raw = await tr.get(self.keys.meta(tag, new_sid))
+        raw = await self._meta_raw(tr, tag, new_sid)
         meta = loads(raw) if raw else {}
         if meta.get("parent") != sid or meta.get("fork_at") != at or head.get("owner") != tag:
             raise SessionConflict(f"session {new_sid!r} already exists")
@@ -525,7 +534,7 @@ class Transcripts:
                 if head.get("staging") and head.get("fork_of") == [sid, at]:
                     return parent, None, None  # resume our own staging copy
                 return parent, await self._existing_fork(tr, tag, sid, at, new_sid, head), None
-            pmeta_raw = await tr.get(self.keys.meta(tag, sid))
+            pmeta_raw = await self._meta_raw(tr, tag, sid)
             project = loads(pmeta_raw).get("project") if pmeta_raw else None
             tr.set(self.keys.head(tag, new_sid), dumps({"owner": tag, "n": 0, "base": 0, "seg": [], "tok": None,
                                                         "staging": True, "fork_of": [sid, at],

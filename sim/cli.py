@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from .faults import FaultPlan
+from .faults import POISON_DEPTHS, FaultPlan
 from .harness import RunResult
 from .session import Summary, all_scenarios, run_session
 
@@ -28,7 +28,7 @@ DEFAULT_RANDOM_RUNS = 200
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``surefoot sim`` to the ``surefoot`` command."""
-    names = sorted(all_scenarios())
+    names = sorted(all_scenarios(targeted=True))
     p = subparsers.add_parser(
         "sim",
         help="run the deterministic simulator (crash at every write, check every promise)",
@@ -47,6 +47,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--crash-before", type=int, metavar="K", help="replay: crash before write K")
     g.add_argument("--crash-after", type=int, metavar="K", help="replay: crash after write K")
     g.add_argument("--buggify", action="store_true", help="replay: one random-mode run (BUGGIFY faults) of --seed")
+    p.add_argument("--poison", type=int, default=None, choices=POISON_DEPTHS, metavar="DEPTH",
+                   help="a sure poison run at this depth (sim.faults.POISON_DEPTHS): with --runs, in every random "
+                        "run; with --buggify, in that replay; alone, replay the run whose only fault it is")
     p.add_argument("--show-trace", type=int, default=0, metavar="N",
                    help="for each failure, replay it and print the last N trace lines (commits, crashes, faults)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (CI logs)")
@@ -68,10 +71,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     elif args.buggify:
         from .harness import random_plan
 
-        plan = random_plan(seed)
+        plan = random_plan(seed, args.poison)
+    elif args.poison is not None and args.runs is None and not args.exhaustive:
+        plan = FaultPlan(poison=args.poison)  # replay: the poison the only fault
     runs = args.runs if args.runs is not None else (0 if args.exhaustive or plan else DEFAULT_RANDOM_RUNS)
     if plan is not None and (args.scenario is None or len(args.scenario) != 1):
-        console.print("[red]a replay (--crash-before/--crash-after/--buggify) needs exactly one --scenario[/]")
+        console.print("[red]a replay (--crash-before/--crash-after/--buggify/--poison) needs exactly one --scenario[/]")
         return 2
 
     progress = Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -91,7 +96,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, status=f"{r.scenario:>14}  failures {failures}")
 
         summary = run_session(names, seed, exhaustive_mode=args.exhaustive, runs=runs,
-                              time_budget=args.time_budget, plan=plan, on_result=on_result)
+                              time_budget=args.time_budget, plan=plan, on_result=on_result, poison=args.poison)
     print_summary(summary, console)
     if args.show_trace:
         from .harness import run_once
@@ -99,7 +104,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         for f in summary.failures:
             r = f.shrunk or f.result
             world_trace: list[str] = []
-            again = run_once(all_scenarios()[r.scenario], r.seed, r.plan, trace_keep=args.show_trace,
+            again = run_once(all_scenarios(targeted=True)[r.scenario], r.seed, r.plan, trace_keep=args.show_trace,
                              on_world=lambda w: world_trace.append(w))
             console.print(f"[bold]trace of {r.scenario} seed {r.seed} ({r.plan.describe()}), last lines:[/]")
             for line in world_trace[-1].trace.tail if world_trace else []:  # (a crash run resumed: its 2nd world)

@@ -27,6 +27,7 @@ import cbor2
 import kv
 from kv.engine import CommitRequest, FaultHooks
 from ledger.keyspace import LedgerKeyspace
+from loop.keyspace import LoopKeyspace
 
 if TYPE_CHECKING:
     from .world import World
@@ -55,6 +56,11 @@ MAX_POISON_CRASHES = 8
 POISON_DEPTHS = (0, 1, 2)
 # The runtimes' lease keys (the default root: every simulated runtime uses it).
 _LEASES = LedgerKeyspace().lease_range()
+# The fence check (SimHooks.fence): a run's lease key and its loop-state key are a prefix and the
+# packed run id, the same packed run id under both (``range``'s start is the prefix + \x00).
+_LEASE_PREFIX = _LEASES.start[:-1]
+_STATE_PREFIX = LoopKeyspace().base.range(("r",)).start[:-1]
+assert LedgerKeyspace().lease("x")[len(_LEASE_PREFIX):] == LoopKeyspace().state("x")[len(_STATE_PREFIX):]
 
 assert 0 < BUGGIFY_ENABLE <= 1 and 0 < BUGGIFY_FIRE <= 1
 
@@ -75,10 +81,16 @@ class FaultPlan:
     crash_when: str = "before"  # "before" | "after"
     buggify: bool = False  # random mode: BUGGIFY sites (kv errors, provider errors, tool errors, crashes)
     crash_rate: float = 0.0  # random mode: chance that a write is a crash point (when its site is on)
+    # A sure poison run at this depth (POISON_DEPTHS): the first run taken over is poisoned,
+    # instead of BUGGIFY's chance of it (about 1 random run in 7) at a random depth — a search
+    # that must meet the poison (tests/sim's bite tests) need not hope for it. With ``buggify``
+    # (random mode) on top of its other faults; alone, the only fault of the run.
+    poison: int | None = None
 
     def __post_init__(self) -> None:
         assert self.crash_when in ("before", "after")
         assert self.crash_at is None or self.crash_at >= 1
+        assert self.poison is None or (self.poison >= 0 and self.crash_at is None)
 
     def with_crash(self, k: int, when: str) -> "FaultPlan":
         return replace(self, crash_at=k, crash_when=when)
@@ -89,6 +101,8 @@ class FaultPlan:
             parts.append(f"crash {self.crash_when} write {self.crash_at}")
         if self.buggify:
             parts.append("buggify")
+        if self.poison is not None:
+            parts.append(f"poison depth {self.poison}")
         return ", ".join(parts) or "no faults"
 
 
@@ -147,6 +161,9 @@ class SimHooks(FaultHooks):
         self.poison_depth = 0  # ... and where its processes die (POISON_DEPTHS)
         self.poison_steps: dict[str, int] = {}  # process label -> its progress commits of that run
         self.poison_crashes = 0
+        # The fence check: packed run id -> (lease token, label of the process whose commit wrote
+        # that token first: the claim) for every run with a lease (see fence).
+        self.lease_holders: dict[bytes, tuple[int, str]] = {}
 
     def _proc(self, tr: Any) -> Any:
         return getattr(tr.db, "process", None)
@@ -211,7 +228,8 @@ class SimHooks(FaultHooks):
             world.fault("crash.after_commit", k)
             proc.kill(f"after write {k}")
             return True
-        if plan.crash_rate and self.poison_crashes < MAX_POISON_CRASHES and self._poisoned(tr):
+        if ((plan.crash_rate or plan.poison is not None) and self.poison_crashes < MAX_POISON_CRASHES
+                and self._poisoned(tr)):
             self.poison_crashes += 1
             world.fault("crash.poison_run", k)
             proc.kill(f"after write {k} (poison run)")
@@ -233,10 +251,13 @@ class SimHooks(FaultHooks):
         for m in tr._mutations:
             if m[0] != "set" or not start <= m[1] < stop:
                 continue
-            if (self.poison is None and cbor2.loads(m[2]).get("token", 0) > 1
-                    and self.world.buggify("crash.poison_run")):
-                self.poison = m[1]
-                self.poison_depth = self.world.rng.choice(POISON_DEPTHS)
+            if self.poison is None and cbor2.loads(m[2]).get("token", 0) > 1:
+                sure = self.world.plan.poison
+                if sure is not None:  # (a sure poison: no BUGGIFY draw)
+                    self.poison, self.poison_depth = m[1], sure
+                elif self.world.buggify("crash.poison_run"):
+                    self.poison = m[1]
+                    self.poison_depth = self.world.rng.choice(POISON_DEPTHS)
             if m[1] == self.poison:
                 return self.poison_depth == 0  # a claim or a renewal is not a step of progress
         if not self.poison_depth or self.poison not in tr._read_points:
@@ -244,6 +265,46 @@ class SimHooks(FaultHooks):
         label = self._proc(tr).label
         steps = self.poison_steps[label] = self.poison_steps.get(label, 0) + 1
         return steps == self.poison_depth
+
+    def fence(self, mutations: list[Any], label: str) -> None:
+        """Promise 5 (fencing) checked at the commit itself: a commit that writes a run's loop
+        state (``("lp", "r", run)``, written only in transactions that check the run's lease, or
+        while the run is parked and has none: loop/keyspace.py) must come from the process
+        whose claim wrote the run's current lease token.  Any other writer is a stale worker
+        whose write got past the fencing — seen here whatever it wrote and whatever happens
+        after it (the journal and the settled run show a stale write only when it is one of
+        theirs: a settle, an event journaled after the new attempt's start).
+
+        The holder of a token is the process whose commit first wrote it (a renewal, or any
+        other update of the record under the same token, keeps it); a cleared lease has none."""
+        holders = self.lease_holders
+        cleared: list[tuple[bytes, bytes]] | None = None
+        for m in mutations:
+            kind, key = m[0], m[1]
+            if kind == "set" and type(key) is bytes and key.startswith(_LEASE_PREFIX):
+                run = key[len(_LEASE_PREFIX):]
+                try:
+                    token = cbor2.loads(m[2]).get("token")
+                except Exception:  # noqa: BLE001 - not a lease record this check knows: no holder known
+                    holders.pop(run, None)
+                    continue
+                held = holders.get(run)
+                if held is None or held[0] != token:
+                    holders[run] = (token, label)
+            elif kind == "clear" and type(key) is bytes and key < _LEASES.stop and m[2] > _LEASES.start:
+                (cleared := cleared or []).append((key, m[2]))
+        for m in mutations:
+            key = m[1]
+            if m[0] == "set" and type(key) is bytes and key.startswith(_STATE_PREFIX):
+                run = key[len(_STATE_PREFIX):]
+                held = holders.get(run)
+                if held is not None and held[1] != label:
+                    self.world.violate("no_stale_lease_writes", 5,
+                                       f"{label} wrote the loop state of run {kv.tuple.unpack(run)[0]} "
+                                       f"while {held[1]}'s claim (lease token {held[0]}) held it")
+        if cleared:  # (after the writes: a settle writes the state and clears the lease in one commit)
+            for run in [r for r in holders if any(b <= _LEASE_PREFIX + r < e for b, e in cleared)]:
+                del holders[run]
 
     def before_apply(self, version: int, batch: list[CommitRequest]) -> None:
         pass
@@ -256,6 +317,8 @@ class SimHooks(FaultHooks):
             world.stats["commits"] += 1
             proc = self._proc(req.tag)
             world.oracle.committed(version, order, req)
+            if proc is not None:
+                self.fence(req.mutations, proc.label)
             # (Trace.add's line, joined here: every part is an int or a str)
             world.trace.add_line(f"commit|{version}|{order}|{proc.label if proc else '-'}|"
                                  f"{getattr(req.tag, '_sim_k', '-')}|{digest_mutations(req.mutations)}")

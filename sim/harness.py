@@ -296,8 +296,9 @@ def random_runs(factories: list[ScenarioFactory], seed: int, runs: int) -> Itera
         yield run_once(factory, s, random_plan(s))
 
 
-def random_plan(seed: int) -> FaultPlan:
-    return FaultPlan(buggify=True, crash_rate=0.25)
+def random_plan(seed: int, poison: int | None = None) -> FaultPlan:
+    """A random-mode run's plan; ``poison``: a sure poison run at that depth (FaultPlan.poison)."""
+    return FaultPlan(buggify=True, crash_rate=0.25, poison=poison)
 
 
 def replay_command(result: RunResult) -> str:
@@ -308,4 +309,6 @@ def replay_command(result: RunResult) -> str:
         cmd += f" --crash-{p.crash_when} {p.crash_at}"
     elif p.buggify:
         cmd += " --buggify"
+    if p.poison is not None:
+        cmd += f" --poison {p.poison}"
     return cmd

@@ -85,6 +85,7 @@ class Snapshot:
     scenario: dict[str, Any]
     shared: dict[str, Any]
     scenario_type: type
+    lease_holders: dict[bytes, tuple[int, str]]  # the fence check's (SimHooks.fence)
 
 
 class Recorder:
@@ -131,6 +132,7 @@ def capture(world: "World", proc: "Process", k: int, when: str) -> Snapshot:
         scenario=_copy(state, memo),
         shared={key: sc.__dict__[key] for key in _SHARED if key in sc.__dict__},
         scenario_type=type(sc),
+        lease_holders=dict(world.hooks.lease_holders),
     )
 
 
@@ -206,6 +208,7 @@ def restore(world: "World", snap: Snapshot) -> tuple[Any, "Process"]:
     world.buggify.gate = snap.faults_on
     world.buggify.sites.update(snap.buggify_sites)
     world.hooks.random_crashes = snap.random_crashes
+    world.hooks.lease_holders.update(snap.lease_holders)
     world.engine.restore_state(snap.kv)
     oracle = world.oracle
     oracle.model, oracle.problems, oracle.transactions, oracle._last = snap.oracle

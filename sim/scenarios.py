@@ -48,6 +48,10 @@ QUIESCE_POLL_SECONDS = 1.0
 CHAOS_SECONDS = 60.0
 # How long the stale-worker fault cuts a process off from the store (well past a lease).
 CLOG_SECONDS = SIM_LEASE_SECONDS * 2.5
+# stale-write-first: how much longer the stale worker's lease keeper is held after it is let go
+# (the new owner is held 0.05 s: _unclog_on_takeover), and the keeper's task name (loop.runner)
+KEEPER_LAG = 0.1
+KEEPER_TASK = "loop.runner.LeaseKeeper.run"
 SETTLED = ("completed", "failed", "cancelled")
 _REASONING_TYPES = ("thinking", "redacted_thinking")
 
@@ -64,7 +68,7 @@ SIM_MAX_TOKENS = 64
 # between the first reasoning delta and the persisted message).
 SIM_THINK_EVENT_SECONDS = 0.02
 
-assert CLOG_SECONDS > SIM_LEASE_SECONDS and SIM_MAX_TOKENS > 0 and SIM_THINK_EVENT_SECONDS > 0
+assert CLOG_SECONDS > SIM_LEASE_SECONDS and KEEPER_LAG > 0.05 and SIM_MAX_TOKENS > 0 and SIM_THINK_EVENT_SECONDS > 0
 
 
 # The simulated process whose task is running (set at boot; trio tasks inherit it).
@@ -283,6 +287,9 @@ class RuntimeScenario(Scenario):
     processes: tuple[str, ...] = ("p1",)
     follow = True  # a journal follower per conversation (replay == live, no gap)
     clog: bool = False  # cut the worker driving a slow tool off from the store (stale worker)
+    # ... and when it is let go at the takeover, its lease keeper's requests wait this much longer
+    # (stale-write-first): its pending write goes first, whatever the schedule
+    keeper_lag = 0.0
     max_attempts = SIM_MAX_ATTEMPTS
     journal_retention: int | None = None  # None: the runtime's default
     follower_pause = 0.0  # a slow reader (virtual seconds per event) falls behind retention
@@ -713,7 +720,7 @@ class RuntimeScenario(Scenario):
         def listener(proc: Any) -> bool:
             if proc is None or proc.name == victim.name:
                 return False
-            victim.unclog()
+            victim.unclog(KEEPER_TASK if self.keeper_lag else None, self.keeper_lag)
             proc.clog(0.05)  # the new owner's next requests are slow: the stale write goes first
             return True
 
@@ -910,6 +917,34 @@ class StaleWorker(RuntimeScenario):
         return [Turn("c1", "stale", "s1")]
 
 
+class StaleWriteFirst(StaleWorker):
+    """Targeted (tests/sim's bite tests; not in the default searches, see TARGETED): in
+    ``stale-worker`` the stale worker's pending write and its lease keeper race once they are let
+    go at the takeover; when the keeper's renewal finds the lease lost first, the runner is
+    stopped before its write is handed over, and a broken fence is never tried (at 5614f65
+    about half of the seeds: tests/sim/test_sim_bites.py).  Here the keeper's requests wait
+    KEEPER_LAG longer (the new owner's are held 0.05 s: the stale write has the store to itself),
+    so every run has a stale worker that tries to write after the takeover."""
+
+    name = "stale-write-first"
+    description = "stale-worker with the stale worker's lease keeper lagging: its write after the takeover is tried every run"
+    keeper_lag = KEEPER_LAG
+
+
+class ExhaustionAlone(AttemptsExhausted):
+    """Targeted (see TARGETED): ``exhaustion`` without its second turn, whose claim would finalise
+    what the exhausted run left dangling (an ``interrupted`` result for its open call) and so hide
+    a finaliser that did not.  With a sure poison at depth 0 (``--poison 0``: every claim of the
+    run dies right after it commits, the finalisers' too) the ledger's backstop settles the run,
+    every seed, and what the finalisers left is what the checks see."""
+
+    name = "exhaustion-alone"
+    description = "exhaustion's exhausted run alone (no later turn repairs what it leaves)"
+
+    def make_turns(self) -> list[Turn]:
+        return super().make_turns()[:1]
+
+
 class Retention(RuntimeScenario):
     name = "retention"
     description = "a journal keeping 6 events and a slow follower that falls behind and catches up"
@@ -956,3 +991,7 @@ SCENARIOS: dict[str, type[Scenario]] = {
                         CancelTurn, ForkTurns, ConcurrentConversations, TwoRuntimes, AttemptsExhausted, UsageCeiling,
                         CostCeiling, ThinkingTurn, InterleavedThinkingTurns, DuplicateSubmission, StaleWorker, Retention, Mix)
 }
+# Targeted variants: each reaches one path a default scenario reaches only on some schedules (for
+# tests/sim's bite tests).  Runnable by name (``surefoot sim --scenario NAME``) but not in the
+# default searches (CI, soaks, bench_sim: its traces stay those of SCENARIOS).
+TARGETED: dict[str, type[Scenario]] = {s.name: s for s in (StaleWriteFirst, ExhaustionAlone)}

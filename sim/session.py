@@ -18,13 +18,17 @@ from .harness import RunResult, exhaustive, random_plan, replay_command, run_onc
 
 __all__ = ["Summary", "Failure", "all_scenarios", "plan_runs", "run_session", "shrink"]
 
-def all_scenarios() -> dict[str, type]:
+def all_scenarios(targeted: bool = False) -> dict[str, type]:
+    """The scenarios of the default searches; ``targeted``: with sim.scenarios.TARGETED's too
+    (runnable by name, never searched by default)."""
     from .kvworkloads import CycleScenario, OutboxScenario
-    from .scenarios import SCENARIOS
+    from .scenarios import SCENARIOS, TARGETED
 
     out: dict[str, type] = dict(SCENARIOS)
     out[CycleScenario.name] = CycleScenario
     out[OutboxScenario.name] = OutboxScenario
+    if targeted:
+        out.update(TARGETED)
     return out
 
 
@@ -120,9 +124,11 @@ class Summary:
 
 
 def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
-              plan: FaultPlan | None = None) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
-    """Yield the session's work lazily (exhaustive iterators first, then random seeds)."""
-    scen = all_scenarios()
+              plan: FaultPlan | None = None,
+              poison: int | None = None) -> Iterator[Callable[[], RunResult] | tuple[str, Iterator[RunResult]]]:
+    """Yield the session's work lazily (exhaustive iterators first, then random seeds; ``poison``:
+    every random run with a sure poison run at that depth, FaultPlan.poison)."""
+    scen = all_scenarios(targeted=True)
     if plan is not None:  # an exact replay
         for n in names:
             yield lambda n=n: run_once(scen[n], seed, plan)
@@ -133,14 +139,14 @@ def plan_runs(names: list[str], seed: int, *, exhaustive_mode: bool, runs: int,
     for i in range(runs):
         s = seed + i
         n = names[i % len(names)]
-        yield lambda n=n, s=s: run_once(scen[n], s, random_plan(s))
+        yield lambda n=n, s=s: run_once(scen[n], s, random_plan(s, poison))
 
 
 def shrink(result: RunResult) -> RunResult | None:
     """A smaller schedule that still fails: the same seed with fewer fault kinds (random runs only)."""
-    if not result.plan.buggify:
+    if not result.plan.buggify or result.plan.poison is not None:  # (a sure poison is kept as it is)
         return None
-    factory = all_scenarios()[result.scenario]
+    factory = all_scenarios(targeted=True)[result.scenario]
     names = {v.invariant for v in result.violations}
     for plan in (FaultPlan(), FaultPlan(buggify=True, crash_rate=0.0)):
         r = run_once(factory, result.seed, plan)
@@ -152,7 +158,7 @@ def shrink(result: RunResult) -> RunResult | None:
 def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, runs: int = 0,
                 time_budget: float | None = None, plan: FaultPlan | None = None,
                 on_result: Callable[[RunResult], None] | None = None, max_failures: int = 5,
-                quiet: bool = True) -> Summary:
+                quiet: bool = True, poison: int | None = None) -> Summary:
     """Run the work ``plan_runs`` describes within ``time_budget`` seconds; return the summary."""
     summary = Summary(seed=seed)
     t0 = time.perf_counter()
@@ -161,7 +167,7 @@ def run_session(names: list[str], seed: int, *, exhaustive_mode: bool = False, r
     if quiet:
         logging.disable(logging.CRITICAL)  # the runtime logs every injected fault; the summary tells the story
     try:
-        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan):
+        for work in plan_runs(names, seed, exhaustive_mode=exhaustive_mode, runs=runs, plan=plan, poison=poison):
             it: Iterator[RunResult] = work[1] if isinstance(work, tuple) else iter([work()])
             for r in it:
                 summary.add(r)

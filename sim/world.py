@@ -398,6 +398,7 @@ class Process:
         self.db = RecordingDatabase(world.engine.engine, self)
         self.dead = False
         self.clogged_until = 0.0  # kv requests wait until then (a partition: the stale-worker fault)
+        self.clog_only: str | None = None  # ... only those of tasks of this name wait (unclog's hold)
         self._unclogged = trio.Event()
         self.app: Any = None
         self.ready = trio.Event()
@@ -433,16 +434,28 @@ class Process:
     def clog(self, seconds: float) -> None:
         """Cut this process off from the store: its kv requests wait (a partition, FDB's clogging)."""
         self.clogged_until = self.world.now() + seconds
+        self.clog_only = None
         self._unclogged = trio.Event()
         self.world.fault("clog", self.label)
 
-    def unclog(self) -> None:
-        self.clogged_until = 0.0
-        self._unclogged.set()
+    def unclog(self, hold: str | None = None, hold_seconds: float = 0.0) -> None:
+        """Let the process's kv requests go — except, with ``hold``, those of its tasks named so,
+        which wait ``hold_seconds`` more (the stale-write-first scenario holds the lease keeper:
+        the stale worker's pending write goes before the keeper can learn of the takeover)."""
+        woken = self._unclogged
+        if hold is not None and hold_seconds > 0:
+            self.clogged_until = self.world.now() + hold_seconds
+            self.clog_only = hold
+            self._unclogged = trio.Event()  # (the held wait on a fresh one)
+        else:
+            self.clogged_until = 0.0
+        woken.set()
         self.world.trace.add("unclog", self.label)
 
     async def wait_unclogged(self) -> None:
         while self.clogged_until > self.world.now():
+            if self.clog_only is not None and trio.lowlevel.current_task().name != self.clog_only:
+                return  # (not a held task)
             with trio.move_on_after(self.clogged_until - self.world.now()):
                 await self._unclogged.wait()
 

@@ -2,7 +2,30 @@
 invariant and the seed (and the exact command) that reproduce it.
 
 Each test patches the real package (never the simulator) and runs the same search CI runs: the
-scenario's exhaustive crash points (plus, where a schedule matters, a few random seeds).
+scenario's exhaustive crash points — or, where only some schedules reach the broken path, a
+targeted scenario (sim.scenarios.TARGETED) or fault plan (a sure poison, FaultPlan.poison) that
+reaches it on every schedule.
+
+Sturdiness (session 17).  A search over a fixed window of seeds bites only while the window
+holds a schedule that reaches the broken path, and any change to what a run reads or writes
+moves every schedule; so each test's detection rate was measured (runs that catch the bug /
+runs, at ef05576 with this session's sim) and each search is one that reaches the path by
+construction (or, for a comparison, expects many detections):
+
+* Exhaustive searches of one seed (most tests): the broken path is a write every history has
+  (a crash point after it), or the fault-free run itself breaks the promise — caught at every
+  seed of 1..20 (the searches' seeds moved by 0..19 as a stand-in for a schedule move), the same
+  number of failing runs at each.  Not luck: kept as they were.
+* The skipped lease check: caught in 11 of 20 seeds of the ``stale-worker`` search (the stale
+  worker's write and its own lease keeper race once let go; 44% of fault-free runs at ef05576
+  with the fence check, 17% without it). Now the targeted ``stale-write-first`` (the keeper
+  held back): 200 of 200 runs.
+* The exhausted run finalised apart from its claim: 7 of 1,000 ``exhaustion`` random runs
+  (2 in the old window of 80; none in 80 with the lease-record change of docs/loop.md). Now
+  ``exhaustion-alone`` under a sure poison at depth 0: 40 of 40 runs.
+* The poison run's depth >= 1: a sure poison (``--poison 1``) gives 46 of 200 ``multi-tool``
+  transcripts with three interrupted calls against 2 of 400 without the poison; was 9 vs 2 in
+  400 runs each with BUGGIFY's chance of a poison.
 """
 
 from __future__ import annotations
@@ -12,8 +35,10 @@ import pytest
 import ledger.runs
 import loop.runner
 import sessions.journal
+from sim.faults import FaultPlan
+from sim.harness import run_once
 from sim.kvworkloads import OutboxApp
-from sim.session import run_session
+from sim.session import Failure, Summary, all_scenarios, run_session
 
 SEED = 1
 
@@ -32,6 +57,23 @@ def _assert_bites(summary, invariant: str, scenario: str) -> None:
     assert f.command.startswith(f"surefoot sim --scenario {scenario} --seed {f.result.seed}")
 
 
+def _targeted(scenario: str, runs: int, plan: FaultPlan | None = None) -> Summary:
+    """Seeds SEED .. SEED + runs - 1 of a targeted scenario (sim.scenarios.TARGETED), fault-free or
+    under ``plan``, summed up as one search (each failure replayable by its command)."""
+    summary = Summary(seed=SEED)
+    factory = all_scenarios(targeted=True)[scenario]
+    for seed in range(SEED, SEED + runs):
+        r = run_once(factory, seed, plan)
+        summary.add(r)
+        if not r.ok:
+            summary.failures.append(Failure(r))
+    return summary
+
+
+def _caught(summary, invariant: str) -> int:
+    return sum(invariant in {v.invariant for v in f.result.violations} for f in summary.failures)
+
+
 def _clean(scenario: str) -> None:
     """The same search without the patch finds nothing (so the failure above is the patch's)."""
     assert run_session([scenario], SEED, exhaustive_mode=True).ok
@@ -47,23 +89,41 @@ def test_recovery_that_reruns_a_dangling_tool_is_caught(monkeypatch):
     _assert_bites(_search(monkeypatch, "tool"), "tool_at_most_once", "tool")
 
 
+EXHAUSTED_ALONE_RUNS = 4  # (see the test's docstring)
+
+
 def test_an_exhausted_run_finalised_apart_from_its_claim_is_caught(monkeypatch):
     """The exhausted run's finaliser writing in a commit of its own after its claim (as before
-    session 13, when session 12's soak met it once in ~1,000 exhaustion runs): a poison run
-    (BUGGIFY ``crash.poison_run``) kills every finaliser right after its claim, and the ledger's
-    backstop settles the run with the call that was out left without a result."""
+    session 13, when session 12's soak met it once in ~1,000 exhaustion runs): a poison run at
+    depth 0 kills every finaliser right after its claim, and the ledger's backstop settles the run
+    with the call that was out left without a result.
+
+    Targeted: ``exhaustion-alone`` (no later turn whose claim finalises the call for it) under a
+    sure poison at depth 0 catches it in every run (40 of 40, seeds 1-40; 200 of 200 seeds in
+    windows of 4 moved 0..49: none missed). The search it replaces, 80 random ``exhaustion``
+    runs, expected ~0.6 (7 of 1,000 at ef05576: the poison must strike at depth 0 and the
+    second turn must not run after it; 2 in seeds 1-80, and none once the lease-record change
+    of docs/loop.md moved the schedules)."""
 
     async def finalise_apart(store, tr, claim):  # the claim is made again without it: see Store.claim
         raise RuntimeError("planted: finalise in a commit of its own")
 
+    plan = FaultPlan(poison=0)
     monkeypatch.setattr(loop.runner.Runner, "finish_exhausted_in_claim", staticmethod(finalise_apart))
-    _assert_bites(run_session(["exhaustion"], SEED, runs=80, max_failures=50), "transcript_tool_results", "exhaustion")
+    summary = _targeted("exhaustion-alone", EXHAUSTED_ALONE_RUNS, plan)
+    _assert_bites(summary, "transcript_tool_results", "exhaustion-alone")
+    assert _caught(summary, "transcript_tool_results") >= EXHAUSTED_ALONE_RUNS // 2, summary.invariant_failures
+    assert summary.failures[0].command.endswith(" --poison 0")
     monkeypatch.undo()
-    summary = run_session(["exhaustion"], SEED, runs=80, max_failures=50)
-    assert summary.ok and summary.faults.get("crash.poison_run", 0) >= 20, (summary.invariant_failures, summary.faults)
+    summary = _targeted("exhaustion-alone", EXHAUSTED_ALONE_RUNS, plan)
+    # (unbroken, the first finalising claim settles the run as it commits: the poison then kills
+    # its process, and the claims before it; 3-4 poison crashes a run)
+    assert summary.ok and summary.faults.get("crash.poison_run", 0) >= 3 * EXHAUSTED_ALONE_RUNS, \
+        (summary.invariant_failures, summary.faults)
 
 
-def _interrupted_per_transcript(monkeypatch, scenario: str, runs: int) -> tuple[object, list[int]]:
+def _interrupted_per_transcript(monkeypatch, scenario: str, runs: int,
+                                poison: int | None = None) -> tuple[object, list[int]]:
     """A random search, counting the ``interrupted`` tool results of every transcript it checks."""
     import loop
 
@@ -77,27 +137,32 @@ def _interrupted_per_transcript(monkeypatch, scenario: str, runs: int) -> tuple[
         return msgs
 
     monkeypatch.setattr(loop.Runtime, "transcript", counting)
-    return run_session([scenario], SEED, runs=runs, max_failures=50), counts
+    return run_session([scenario], SEED, runs=runs, max_failures=50, poison=poison), counts
 
 
-POISON_SEARCH_RUNS = 400  # (see the test's docstring)
+POISON_SEARCH_RUNS = 100  # (see the test's docstring)
 
 
 def test_a_poison_run_past_its_claim_leaves_each_attempts_call_to_the_next(monkeypatch):
     """Depth >= 1 of the poison-run fault: every attempt dies right after its first step of
     progress (here: the assistant message that starts a tool call), so each next claim finds
     the call left dangling, reports it interrupted and goes on — transcripts with three
-    interrupted calls of one run, which independent random crashes reach too but rarely (same
-    search without the poison: 2 transcripts of 400 against 9 with it, at 5614f65); every
-    invariant still holds. 400 runs, not fewer: at 120 it was 3 against 1, a margin any change
-    of what a run reads could close (the search's schedules move with it)."""
+    interrupted calls of one run, which independent random crashes reach too but rarely; every
+    invariant still holds.
+
+    A sure poison at depth 1 (``--poison 1``: the first run taken over is poisoned, in every
+    random run that takes one over): 46 transcripts of 200 ``multi-tool`` runs with three
+    interrupted calls (23%; the rest had no takeover, or one late); without the poison 2 of 400
+    (4 of 1,000 with the loop's reads of session 16). So 100 runs each expect ~23 against ~0.5.
+    (Before: BUGGIFY's chance of a poison, POISON_DEPTHS patched to (1,), 400 runs each: 9
+    against 2 at 5614f65, 12.5 s, a margin any schedule move could close.) Windows of 100 from
+    seeds 1, 1001, ..., 4001: 13-25 poisoned, 0-1 unpoisoned."""
     import sim.faults
 
-    monkeypatch.setattr(sim.faults, "POISON_DEPTHS", (1,))
-    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", POISON_SEARCH_RUNS)
+    summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", POISON_SEARCH_RUNS, poison=1)
     assert summary.ok, summary.invariant_failures
-    assert summary.faults.get("crash.poison_run", 0) >= 10 and max(counts) >= 3, (summary.faults, sorted(counts))
     poisoned = sum(c >= 3 for c in counts)
+    assert summary.faults.get("crash.poison_run", 0) >= 10 and poisoned >= 5, (summary.faults, sorted(counts))
     monkeypatch.setattr(sim.faults, "MAX_POISON_CRASHES", 0)
     summary, counts = _interrupted_per_transcript(monkeypatch, "multi-tool", POISON_SEARCH_RUNS)
     # (Independent random crashes reach three interrupted calls in one transcript too, rarely:
@@ -110,12 +175,28 @@ def test_a_skipped_submission_hash_check_is_caught(monkeypatch, break_submission
     _assert_bites(_search(monkeypatch, "duplicate"), "submission_conflict", "duplicate")
 
 
+STALE_WRITE_RUNS = 4  # (see the test's docstring)
+
+
 def test_a_skipped_lease_check_is_caught(monkeypatch):
+    """A worker that no longer checks its lease writes after its run was taken over.
+
+    Targeted: in ``stale-worker`` the stale worker's pending write and its own lease keeper race
+    once both are let go at the takeover, and when the keeper learns first the runner stops
+    before its write is handed over: 11 of 20 seeds' exhaustive searches caught it (seed 1's
+    did, then not once the lease-record change moved the schedules). ``stale-write-first`` holds
+    the keeper back, so the stale write is tried in every run: caught in 200 of 200 fault-free
+    runs (4 of 4 in every window of 4 seeds moved 0..49; also in the shared tree with others'
+    changes, and with the lease-record change emulated), both by the fence check at the commit
+    (SimHooks.fence) and by the run settled under the old token."""
+
     async def no_check(self, tr, lease):
         return None
 
     monkeypatch.setattr(ledger.runs.Ledger, "check_lease", no_check)
-    _assert_bites(_search(monkeypatch, "stale-worker"), "no_stale_lease_writes", "stale-worker")
+    summary = _targeted("stale-write-first", STALE_WRITE_RUNS)
+    _assert_bites(summary, "no_stale_lease_writes", "stale-write-first")
+    assert _caught(summary, "no_stale_lease_writes") >= STALE_WRITE_RUNS // 2, summary.invariant_failures
 
 
 def test_a_journal_event_outside_its_state_change_is_caught(monkeypatch):
@@ -137,7 +218,7 @@ def test_the_stand_in_workload_bites_too(monkeypatch, flag, invariant):
     _assert_bites(_search(monkeypatch, "kv-outbox"), invariant, "kv-outbox")
 
 
-@pytest.mark.parametrize("scenario", ["tool", "duplicate", "stale-worker", "plain", "kv-outbox"])
+@pytest.mark.parametrize("scenario", ["tool", "duplicate", "stale-worker", "stale-write-first", "plain", "kv-outbox"])
 def test_the_unpatched_searches_are_clean(scenario):
     _clean(scenario)
 

@@ -32,3 +32,25 @@ def test_a_failure_prints_the_seed_and_the_replay_command(capsys, break_submissi
 
 def test_a_replay_needs_one_scenario(capsys):
     assert main(["sim", "--seed", "1", "--crash-after", "3", "--no-progress"]) == 2
+
+
+def test_a_targeted_scenarios_poison_failure_replays_from_its_command(capsys, monkeypatch):
+    """A targeted scenario runs by name (never in the default searches), and a run with a sure
+    poison prints a replay command that carries it (``--poison``)."""
+    import loop.runner
+
+    async def finalise_apart(store, tr, claim):  # (the bite of test_sim_bites: finalised apart)
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(loop.runner.Runner, "finish_exhausted_in_claim", staticmethod(finalise_apart))
+    rc = main(["sim", "--scenario", "exhaustion-alone", "--seed", "2", "--poison", "0", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "transcript_tool_results" in out
+    cmd = re.search(r"replay: (surefoot sim .*)", out).group(1).strip()
+    assert cmd == "surefoot sim --scenario exhaustion-alone --seed 2 --poison 0"
+    monkeypatch.undo()
+    assert main(cmd.split()[1:] + ["--no-progress"]) == 0  # unbroken: the same run is clean
+    capsys.readouterr()
+    from sim.session import all_scenarios
+
+    assert "exhaustion-alone" in all_scenarios(targeted=True) and "exhaustion-alone" not in all_scenarios()

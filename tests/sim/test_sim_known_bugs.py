@@ -72,10 +72,21 @@ def test_an_exhausted_run_whose_finalisers_all_die_after_their_claim_leaves_no_d
     claims committed and its process died before the tidy-up commit, so the ledger's backstop settled the
     run and the call that was out kept ``tool.started`` with no result. Fixed in session 13: the
     finaliser's tidy-up and settle commit inside the claiming transaction
-    (``Runner.finish_exhausted_in_claim``), so a crash leaves either no claim or the finished run."""
+    (``Runner.finish_exhausted_in_claim``), so a crash leaves either no claim or the finished run.
+
+    The soak's seeds reproduce it only while the schedules are the soak's (any change to what a
+    run reads moves them), so the same situation is also made on purpose, every seed: a sure
+    poison at depth 0 (every claim of the taken-over run dies right after it commits, the
+    finalisers' too) in ``exhaustion-alone`` (no later turn to finalise the call for it) — the
+    run tests/sim/test_sim_bites.py shows catching the pre-session-13 finaliser in 40 of 40 seeds."""
+    from sim.faults import FaultPlan
     from sim.harness import random_plan, run_once
 
     factory = all_scenarios()["exhaustion"]
     broken = [seed for seed in EXHAUSTED_FINALISERS_ALL_DIE_SEEDS
               if "transcript_tool_results" in {v.invariant for v in run_once(factory, seed, random_plan(seed)).violations}]
     assert not broken, broken
+    alone = all_scenarios(targeted=True)["exhaustion-alone"]
+    runs = [run_once(alone, seed, FaultPlan(poison=0)) for seed in range(1, 5)]
+    assert all(r.ok and r.faults.get("crash.poison_run", 0) >= 3 for r in runs), \
+        [(r.seed, [v.detail for v in r.violations], r.faults) for r in runs]

@@ -380,6 +380,15 @@ class LmdbStore:
     def committed_version(self) -> int:
         return self._version
 
+    def written_since(self, key: bytes, version: int) -> bool:
+        """Whether the overlay's newest entry of ``key`` is at ``version`` or later (the
+        engine's watch check). Also true when unsure: for a key a batch staged after
+        ``version`` wrote (written ahead, not published yet), and for a key the overlay does
+        not hold (never written since the base, or dropped by the publish's trim or purge,
+        which may be this very batch's entry): the engine then reads it again for nothing."""
+        top = self._top_ver.get(key)
+        return top is None or top >= version
+
     def snapshot(self) -> _LmdbSnapshot:
         if self._released or self._checkpoint_due:
             self._maintain()

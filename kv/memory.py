@@ -125,6 +125,12 @@ class MemoryStore:
         hist = self._hist.get(key)
         return hist[-1][1] if hist else None
 
+    def written_since(self, key: bytes, version: int) -> bool:
+        """Whether ``key``'s newest entry is at ``version`` or later (the engine's watch check);
+        true too for a key without a history (a deletion compaction dropped: unsure)."""
+        hist = self._hist.get(key)
+        return hist is None or hist[-1][0] >= version
+
     def _put(self, version: int, key: bytes, value: bytes | None, touched: list[bytes]) -> None:
         hist = self._hist.get(key)
         if hist is None:

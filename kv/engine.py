@@ -510,12 +510,23 @@ class Engine:
                     continue
             req.batch_version = version
             req.order = len(accepted)
-            muts = _stamped_mutations(req) if req.stamped else req.mutations
+            base = len(mutations)
+            mutations += req.mutations
             unadded_points += req.write_points
+            if req.stamped:
+                # (_stamped_mutations without its copies: the stamps go straight into the
+                # batch's own lists; the request's lists stay as the transaction made them)
+                stamp = req.stamp
+                for index, kind, key, value, offset in req.stamped:
+                    if kind == "key":
+                        final = key[:offset] + stamp + key[offset + 10 :]
+                        mutations[base + index] = ("set", final, value)
+                        unadded_points.append(final)
+                    else:
+                        mutations[base + index] = ("set", key, value[:offset] + stamp + value[offset + 10 :])
             if req.write_ranges:
                 unadded_ranges += req.write_ranges
             accepted.append(req)
-            mutations += muts
         if unadded_points or unadded_ranges:
             resolver.add(version, unadded_ranges, unadded_points)
         return version, accepted, mutations

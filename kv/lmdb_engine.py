@@ -73,6 +73,7 @@ _SHORT, _PREFIX = layout.SHORT, layout.PREFIX  # (read by every snapshot get: a 
 CHECKPOINT_SYNCS_PER_SEGMENT = 2  # a sealed segment becomes one durable LMDB commit (data, then meta page)
 INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task could run (can_apply_inline)
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
+RELEASED_ACCOUNT_AT = 64  # closed snapshots queued before taking a snapshot accounts them (snapshot)
 SNAPSHOT_ORDER_COMPACT_AT = 10_000  # distinct snapshot versions remembered before closed ones are swept
 TRIM_BUDGET = 4_096  # overlay keys dropped per call once a checkpoint has landed
 STALE_SWEEP_FRACTION = 0.5  # rebuild the ordered key index once this share of it is trimmed keys (_trim)
@@ -200,7 +201,12 @@ class _LmdbSnapshot:
     def close(self) -> None:
         base, self._base = self._base, None
         if base is not None:
-            self._store._release(base, self.version)
+            store = self._store
+            if not store._closed:  # (else close() aborted every base already)
+                base.refs -= 1
+                # accounted at the next _maintain, never here (see there): a finalizer may
+                # close a snapshot in the middle of a walk over the overlay
+                store._released.append((base, self.version))
 
     def __del__(self) -> None:
         # A transaction dropped without commit, reset or cancel (a read-only one, usually)
@@ -390,7 +396,10 @@ class LmdbStore:
         return top is None or top >= version
 
     def snapshot(self) -> _LmdbSnapshot:
-        if self._released or self._checkpoint_due:
+        # Closed snapshots are accounted in bulk (every publish does it too), not one
+        # _maintain call per snapshot taken (~4 a turn): until then their versions only
+        # hold the dead-key purge's floor a little lower, and an old base a little longer.
+        if self._checkpoint_due or len(self._released) >= RELEASED_ACCOUNT_AT:
             self._maintain()
         version = self._version
         count = self._snap_counts.get(version)
@@ -487,12 +496,6 @@ class LmdbStore:
         if i and older[i - 2] == version:
             return  # already there
         older[i:i] = (version, value)
-
-    def _release(self, base: _Base, version: int) -> None:
-        if self._closed:
-            return  # close() aborted every base already
-        base.refs -= 1
-        self._released.append((base, version))  # accounted at the next _maintain, never here (see there)
 
     def _raise_trim_floor(self) -> None:
         floor = min([b.version for b in self._old_bases] + [self._base.version])

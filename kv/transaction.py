@@ -47,8 +47,11 @@ __all__ = ["Transaction", "KeyValue", "RangeResult", "TransactionOptions"]
 
 _RANGE_PAGE = 1_000  # rows fetched from the snapshot per page when iterating
 
-# write-map entry kinds
-_SET, _CLEAR, _ATOMIC, _UNREADABLE = 0, 1, 2, 3
+# Write-map entries: a tuple whose first item is its kind and whose last is its payload. A set's
+# entry is its mutation itself, ("set", key, value): one tuple a set, not two (~36 sets a turn).
+_SET, _CLEAR, _ATOMIC, _UNREADABLE = "set", 1, 2, 3
+_CLEARED = (_CLEAR, None)  # (shared: entries are never changed in place but for an atomic's list)
+_UNREADABLE_ENTRY = (_UNREADABLE, None)
 
 _UNKNOWN = object()  # a write whose value is not known in the transaction (atomic op, stamped value)
 
@@ -349,7 +352,7 @@ class Transaction:
         """The per-attempt state of a new attempt (a new transaction calls only this:
         it has no snapshot or versionstamp to drop)."""
         self._read_version: int | None = None
-        self._writes: dict[bytes, tuple] = {}   # key -> (kind, payload)
+        self._writes: dict[bytes, tuple] = {}   # key -> (kind, ..., payload): see _SET
         self._sorted_write_keys: list[bytes] | None = None  # cache for range reads
         # (the _EMPTY ones become lists when first appended to: see _appended)
         self._clears: list[tuple[bytes, bytes]] = _EMPTY  # disjoint, sorted
@@ -512,9 +515,9 @@ class Transaction:
             engine._hooks.on_read(self)  # (the attribute, not the property: a call less a read in the simulator)
         entry = self._writes.get(key)
         if entry is not None:
-            kind, payload = entry
+            kind = entry[0]
             if kind == _SET:
-                return payload
+                return entry[-1]
             if kind == _CLEAR:
                 return None
             if kind == _UNREADABLE:
@@ -542,7 +545,7 @@ class Transaction:
             else:
                 self._read_points = [key]
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
-            for op, param in entry[1]:
+            for op, param in entry[-1]:
                 value = apply_atomic(op, value, param)
         return value
 
@@ -785,7 +788,8 @@ class Transaction:
         return out
 
     def _write_row(self, key: bytes, stored: bytes | None, snap) -> KeyValue | None:
-        kind, payload = self._writes[key]
+        entry = self._writes[key]
+        kind, payload = entry[0], entry[-1]
         if kind == _SET:
             return KeyValue(key, payload)
         if kind == _CLEAR:
@@ -858,8 +862,8 @@ class Transaction:
             key, value = bytes(key), bytes(value)
             if self._watches:
                 self._trigger_watches(key, None, value)
-        self._writes[key] = (_SET, value)
-        self._mutations.append(("set", key, value))
+        self._writes[key] = m = ("set", key, value)
+        self._mutations.append(m)
         if self._next_write_no_conflict:
             self._next_write_no_conflict = False
             self._size += len(key) + len(value)
@@ -884,7 +888,7 @@ class Transaction:
         key = bytes(key)
         if self._watches:
             self._trigger_watches(key, None, None)
-        self._writes[key] = (_CLEAR, None)
+        self._writes[key] = _CLEARED
         self._mutations.append(("clear", key, key_after(key)))
         self._size += 2 * len(key) + 1
         self._add_write_point(key)
@@ -928,16 +932,16 @@ class Transaction:
                 self._trigger_watches(key, None, _UNKNOWN)  # (RYW atomicOp: valueKnown false)
         entry = self._writes.get(key)
         if entry is None and self._clears and self._cleared(key):
-            entry = (_CLEAR, None)
+            entry = _CLEARED
         if entry is None:
             self._writes[key] = (_ATOMIC, [(op, param)])
         elif entry[0] == _ATOMIC:
-            entry[1].append((op, param))
+            entry[-1].append((op, param))
         elif entry[0] == _UNREADABLE:
             self._writes[key] = (_ATOMIC, [(op, param)])
         else:
-            new = apply_atomic(op, entry[1] if entry[0] == _SET else None, param)
-            self._writes[key] = (_CLEAR, None) if new is None else (_SET, new)
+            new = apply_atomic(op, entry[-1] if entry[0] == _SET else None, param)
+            self._writes[key] = _CLEARED if new is None else (_SET, new)
         self._mutations.append(("atomic", op, key, param))
         if self._next_write_no_conflict:  # (_add_write_point inlined)
             self._next_write_no_conflict = False
@@ -1044,7 +1048,7 @@ class Transaction:
         index = len(self._mutations)
         self._mutations.append(("set", key, body))
         self._stamped = _appended(self._stamped, (index, "value", key, body, offset))
-        self._writes[key] = (_UNREADABLE, None)
+        self._writes[key] = _UNREADABLE_ENTRY
         self._size += len(key) + len(body)
         self._add_write_point(key)
 
@@ -1103,9 +1107,9 @@ class Transaction:
         turn): a change to either is a change to both."""
         entry = self._writes.get(key)
         if entry is not None:
-            kind, payload = entry
+            kind = entry[0]
             if kind == _SET:
-                return payload
+                return entry[-1]
             if kind == _CLEAR:
                 return None
             if kind == _UNREADABLE:
@@ -1123,7 +1127,7 @@ class Transaction:
         value = snap.get(key)
         self._read_points = _appended(self._read_points, key)
         if entry is not None:  # pending atomic ops: applied to the stored value (which was read)
-            for op, param in entry[1]:
+            for op, param in entry[-1]:
                 value = apply_atomic(op, value, param)
         return value
 

@@ -16,10 +16,10 @@ checks in O(1). A range read is checked one of two ways:
   two), by testing those keys, found newest-first in the history, against the
   range;
 * otherwise through a sorted key list, in O(log n + keys written in the
-  range). That list is brought up to date only then: keys first written since
-  wait in a dict. A sorted insert and its later removal cost a few
-  microseconds per key written, a dict insert a tenth of that, so a store
-  whose range reads are all fresh never pays for the sorted list at all.
+  range). That list is brought up to date only then, from the commit-ordered
+  history (the entries past the last such catch-up, each key new to the list
+  added once): a write costs one dict store, and a store whose range reads are
+  all fresh never pays for the sorted list at all.
 
 Range writes (``clear_range``, explicit conflict ranges) are kept in commit
 order and scanned newest-first, stopping at the read version.
@@ -38,6 +38,7 @@ state (see forget_before).
 from __future__ import annotations
 
 import bisect
+import itertools
 from typing import Iterable, Sequence
 
 from sortedcontainers import SortedList
@@ -59,13 +60,29 @@ def is_point(begin: bytes, end: bytes) -> bool:
     return len(end) == len(begin) + 1 and end[-1] == 0 and end.startswith(begin)
 
 
-def _written_in(points: dict[bytes, int], sorted_keys: SortedList, pending: dict[bytes, None],
-                begin: bytes, end: bytes, read_version: int) -> bool:
-    """Whether one generation wrote a key in [begin, end) after ``read_version``: its keys
-    waiting in ``pending`` are sorted in first (in place: the generation keeps them)."""
-    if pending:
-        sorted_keys.update(pending)
-        pending.clear()
+def _catch_up(sorted_keys: SortedList, listed: dict[bytes, None], history_keys: list, start: int) -> int:
+    """Add to one generation's ``sorted_keys`` the keys its history holds from ``start`` on
+    that it does not list yet (``listed``: the sorted list's keys, for membership); returns
+    the history's length, the next catch-up's start."""
+    new: dict[bytes, None] = {}
+    for written in itertools.islice(history_keys, start, None):
+        if type(written) is bytes:
+            if written not in listed:
+                new[written] = None
+        else:
+            for k in written:
+                if k not in listed:
+                    new[k] = None
+    if new:
+        listed.update(new)
+        sorted_keys.update(new)
+    return len(history_keys)
+
+
+def _written_in(points: dict[bytes, int], sorted_keys: SortedList, begin: bytes, end: bytes,
+                read_version: int) -> bool:
+    """Whether one generation (its sorted list caught up) wrote a key in [begin, end) after
+    ``read_version``."""
     for k in sorted_keys.irange(begin, end, inclusive=(True, False)):
         if points[k] > read_version:
             return True
@@ -77,11 +94,15 @@ class Resolver:
         assert scan_recent_keys >= 0
         self.scan_recent_keys = scan_recent_keys  # tests choose 0 to exercise the sorted list
         self._points: dict[bytes, int] = {}
-        self._point_keys: SortedList = SortedList()  # every key of _points not in _new_points
-        # keys of _points not yet in _point_keys; a dict of None, not a set: a dict holding only
-        # bytes and None is never tracked by the garbage collector, a set always is (and a full
-        # collection visits every element of a tracked container)
-        self._new_points: dict[bytes, None] = {}
+        # The keys of _points in order, as of the history's first _listed_upto entries (caught
+        # up by _catch_up when a range check needs it), and the same keys for membership: a
+        # dict of None, not a set: a dict holding only bytes and None is never tracked by the
+        # garbage collector, a set always is (and a full collection visits every element of a
+        # tracked container). Why not listed as written: a write then costs its dict store
+        # only, not a test whether its key is new and a second store (~50 keys a turn).
+        self._point_keys: SortedList = SortedList()
+        self._listed: dict[bytes, None] = {}
+        self._listed_upto = 0
         self._ranges: list[tuple[int, bytes, bytes]] = []  # (version, begin, end), ascending version
         # The point keys each commit wrote, in commit order: versions and keys in two lists
         # (a commit of one key stores the key itself, of several a tuple of them), so that a
@@ -90,12 +111,13 @@ class Resolver:
         # each collection walks all the commits in flight).
         self._history_versions: list[int] = []
         self._history_keys: list[bytes | tuple[bytes, ...]] = []
-        # The old generation: the same five structures, as they were when it was young,
+        # The old generation: the same structures, as they were when it was young,
         # and the newest version written into it (-1: none). Everything in it is older
         # than everything in the young one.
         self._old_points: dict[bytes, int] = {}
         self._old_point_keys: SortedList = SortedList()
-        self._old_new_points: dict[bytes, None] = {}
+        self._old_listed: dict[bytes, None] = {}
+        self._old_listed_upto = 0
         self._old_history_versions: list[int] = []
         self._old_history_keys: list[bytes | tuple[bytes, ...]] = []
         self._old_top = -1
@@ -138,11 +160,19 @@ class Resolver:
                     for k in recent:  # type: ignore[union-attr]
                         if begin <= k < end:
                             return True
-                elif _written_in(points, self._point_keys, self._new_points, begin, end, read_version) or (
-                        # a key's old write may be newer than the read too: either one conflicts
-                        old and _written_in(old, self._old_point_keys, self._old_new_points, begin, end,
-                                            read_version)):
-                    return True
+                else:
+                    if self._listed_upto < len(self._history_keys):
+                        self._listed_upto = _catch_up(self._point_keys, self._listed, self._history_keys,
+                                                      self._listed_upto)
+                    if _written_in(points, self._point_keys, begin, end, read_version):
+                        return True
+                    # a key's old write may be newer than the read too: either one conflicts
+                    if old:
+                        if self._old_listed_upto < len(self._old_history_keys):
+                            self._old_listed_upto = _catch_up(self._old_point_keys, self._old_listed,
+                                                              self._old_history_keys, self._old_listed_upto)
+                        if _written_in(old, self._old_point_keys, begin, end, read_version):
+                            return True
             for i in range(len(ranges) - 1, -1, -1):
                 v, rb, re = ranges[i]
                 if v <= read_version:
@@ -181,16 +211,11 @@ class Resolver:
     def add(self, version: int, write_ranges: Sequence[tuple[bytes, bytes]],
             write_points: Sequence[bytes] = ()) -> None:
         points = self._points
-        new = self._new_points
-        for k in write_points:
-            if k not in points:
-                new[k] = None
+        for k in write_points:  # (new keys reach the sorted list from the history: _catch_up)
             points[k] = version
         written = write_points  # the keys for the history (a copy only if ranges add points)
         for begin, end in write_ranges:
             if is_point(begin, end):
-                if begin not in points:
-                    new[begin] = None
                 points[begin] = version
                 if written is write_points:
                     written = list(write_points)
@@ -228,7 +253,8 @@ class Resolver:
         if self._old_top < oldest_version and (self._last_added > self._old_top or self._old_points):
             self._old_points, self._points = self._points, {}
             self._old_point_keys, self._point_keys = self._point_keys, SortedList()
-            self._old_new_points, self._new_points = self._new_points, {}
+            self._old_listed, self._listed = self._listed, {}
+            self._old_listed_upto, self._listed_upto = self._listed_upto, 0
             self._old_history_versions, self._history_versions = self._history_versions, []
             self._old_history_keys, self._history_keys = self._history_keys, []
             self._old_top = self._last_added

@@ -146,6 +146,11 @@ class Tool:
     # wrappers on every call, and every tool call asks.
     _async: bool = field(default=False, init=False, repr=False, compare=False)
     _async_of: Any = field(default=None, init=False, repr=False, compare=False)
+    # The errors of no arguments ({}) against ``_empty_of`` (the ``parameters`` they were found
+    # for): validation is a function of the value and the schema, and a call of a tool without
+    # parameters (the common case) sends none.
+    _empty_errors: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    _empty_of: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not TOOL_NAME_RE.match(self.name):
@@ -167,6 +172,11 @@ class Tool:
     def check_arguments(self, arguments: Any) -> list[str]:
         if not isinstance(arguments, dict):
             return [f"$: arguments must be an object, got {type(arguments).__name__}"]
+        if not arguments:
+            params = self.parameters
+            if self._empty_of is not params:  # (found again if ``parameters`` was replaced)
+                self._empty_errors, self._empty_of = tuple(validate({}, params)), params
+            return list(self._empty_errors)
         return validate(arguments, self.parameters)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

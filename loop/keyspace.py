@@ -117,7 +117,8 @@ class LoopState:
         of a run copies its state)."""
         new = object.__new__(LoopState)
         new.__dict__.update(self.__dict__)
-        new.calls = {k: dict(v) for k, v in self.calls.items()}
+        calls = self.calls
+        new.calls = dict(zip(calls, map(dict, calls.values()))) if calls else {}
         return new
 
     @classmethod

@@ -185,7 +185,7 @@ class LeaseKeeper:
         store = self.rt.store
         runners = list(self.rt._active.values())
         try:
-            polled = [r.run_id for r in runners if not r.cancel_event.is_set()]
+            polled = [r.run_id for r in runners if not r._cancel_noted]
             for i in range(0, len(polled), L.MAX_RENEW_BATCH):
                 cancelled = await store.cancels_requested_now(polled[i:i + L.MAX_RENEW_BATCH])
                 for r in runners:
@@ -236,6 +236,9 @@ class Runner:
         self.base = 0
         self.head = 0
         self.cancel_event = trio.Event()
+        # Whether ``cancel_event`` is set (see _note_cancel), read where the loop checks it at
+        # every boundary: an attribute, not an ``is_set()`` call, several a turn.
+        self._cancel_noted = False
         # One commit at a time: made when a slow call's flusher starts (the only other task
         # that commits for this runner); until then this task's commits cannot overlap.
         self._lock: trio.Lock | None = None
@@ -349,7 +352,8 @@ class Runner:
             self._scope.cancel()
 
     def _note_cancel(self) -> None:
-        if not self.cancel_event.is_set():
+        if not self._cancel_noted:
+            self._cancel_noted = True
             self.cancel_event.set()
             if self._call_scope is not None:
                 self._call_scope.cancel()
@@ -359,7 +363,7 @@ class Runner:
         ``cancel_scope``): cancelled already when a cancel was noted or a flush failed
         since the call began, as one scope around the whole call would be by then."""
         scope = self._call_scope = trio.CancelScope()
-        if self._call_stopped or self.cancel_event.is_set():
+        if self._call_stopped or self._cancel_noted:
             scope.cancel()
         return scope
 
@@ -472,7 +476,7 @@ class Runner:
                                                       head_out=written)
                     self._txn_head = written[0]
                     # (while ``append`` holds the messages their ids are theirs)
-                    self._txn_encoded = {id(m): b for m, b in zip(append, encoded)}
+                    self._txn_encoded = dict(zip(map(id, append), encoded))
                 if mutate is not None:
                     mutate(st)
                 st.ver += 1
@@ -491,7 +495,32 @@ class Runner:
 
             try:
                 if not self._in_call and lock is None:
-                    self.state = await self._transact(fn)
+                    # ``db.transact(fn)`` (the kv API's manual retry loop, as both backends
+                    # write it) with only the retry step shielded, instead of a shielded cancel
+                    # scope around every commit. A commit cancelled half-way would leave us
+                    # unsure whether it landed. It cannot be: a kv commit, once called, is never
+                    # cancelled (the embedded engine parks its waiters uninterruptibly and
+                    # shields the batch it writes; the FoundationDB backend shields its commit
+                    # future), and ``fn`` only reads before it, so a cancel delivered in ``fn``
+                    # leaves nothing committed. The one other await that may follow a commit
+                    # that landed is ``on_error``'s backoff after ``commit_unknown_result``
+                    # (1021): that is shielded, so the guarded retry always runs and
+                    # ``self.state`` matches storage. (A shielded scope costs a cancel-status
+                    # rebuild on entry and exit: ~3% of a turn's CPU when every commit had
+                    # one.) A cancel arriving meanwhile is delivered at the runner's next
+                    # checkpoint, as before. Written out here, not in a method of its own: one
+                    # coroutine frame less to make, and to pass through on every resumption of
+                    # the commit's wait.
+                    tr = store.db.create_transaction()
+                    while True:
+                        try:
+                            st = await fn(tr)
+                            await tr.commit()
+                            break
+                        except kv.KVError as e:
+                            with trio.CancelScope(shield=True):
+                                await tr.on_error(e)
+                    self.state = st
                 else:
                     # Inside the model call's scope (a flush, a retry notice) or with a
                     # flusher about: a cancel of that scope, or of the flusher, must not
@@ -508,37 +537,12 @@ class Runner:
                 # (after a retry, which attempt's head committed is not tracked: the next reads it)
                 self._head_rec = self._txn_head if attempts == 1 else None
                 self._txn_head = None
-            self.messages.extend(dict(m) for m in append)
+            self.messages.extend(map(dict, append))
             self.head += len(append)
             return True
         finally:
             if lock is not None:
                 lock.release()
-
-    async def _transact(self, fn: Callable[[Any], Awaitable[LoopState]]) -> LoopState:
-        """``db.transact(fn)`` (the kv API's manual retry loop, as both backends write it) with
-        only the retry step shielded, instead of a shielded cancel scope around every commit.
-
-        A commit cancelled half-way would leave us unsure whether it landed. It cannot be:
-        a kv commit, once called, is never cancelled (the embedded engine parks its waiters
-        uninterruptibly and shields the batch it writes; the FoundationDB backend shields
-        its commit future), and ``fn`` only reads before it, so a cancel delivered in ``fn``
-        leaves nothing committed. The one other await that may follow a commit that landed
-        is ``on_error``'s backoff after ``commit_unknown_result`` (1021): that is shielded,
-        so the guarded retry always runs and ``self.state`` matches storage. (A shielded
-        scope costs a cancel-status rebuild on entry and exit: ~3% of a turn's CPU when
-        every commit had one.) A cancel arriving meanwhile is delivered at the runner's
-        next checkpoint, as before.
-        """
-        tr = self.store.db.create_transaction()
-        while True:
-            try:
-                result = await fn(tr)
-                await tr.commit()
-                return result
-            except kv.KVError as e:
-                with trio.CancelScope(shield=True):
-                    await tr.on_error(e)
 
     async def _settle_tr(self, tr: Any, outcome: Mapping[str, Any]) -> None:
         """Settle in the commit's transaction, noting the outcome as stored (see ``settled``);
@@ -717,7 +721,7 @@ class Runner:
                                          f"price in this runtime's pricing; nothing was sent to the model"})
             return
         while True:
-            if self.cancel_event.is_set():
+            if self._cancel_noted:
                 await self._finish_cancelled()
                 return
             assert self.state is not None
@@ -1153,7 +1157,7 @@ class Runner:
     def _startable(self, call: dict[str, Any]) -> dict[str, Any] | None:
         """``call`` if it can be marked started right away (known, valid, no approval, not cancelled)."""
         t = self.agent.get_tool(call["name"])
-        if t is None or t.requires_approval or self.cancel_event.is_set():
+        if t is None or t.requires_approval or self._cancel_noted:
             return None
         if t.check_arguments(call.get("arguments")):
             return None
@@ -1182,7 +1186,7 @@ class Runner:
         if errors:
             await self._tool_result(call, "Invalid arguments: " + "; ".join(errors), True, "invalid_arguments", rest)
             return
-        if self.cancel_event.is_set():
+        if self._cancel_noted:
             return  # the loop finalises as cancelled
         if t.requires_approval and cstate not in (CALL_APPROVED, CALL_DENIED, CALL_STARTED):
             await self._park(call)
@@ -1455,9 +1459,22 @@ _K_SEQ, _K_ROLE, _K_MESSAGE = dumps("seq"), dumps("role"), dumps("message")
 _ROLE_CBOR = {r: dumps(r) for r in ("user", "assistant", "tool", "error", "compaction")}
 
 
+#: A message of ``k`` content parts whose CBOR is ``n`` bytes has ``_approx_size`` at most
+#: 97 + 48 k + _JSON_PER_CBOR_BYTE n, so ``_message_events`` needs no estimate of it when that is
+#: within MAX_EVENT_TEXT. The estimate is 64, plus 48 a content part, plus the lengths of its
+#: strings (characters: at most their UTF-8 bytes, each inside the CBOR), plus the JSON (with
+#: ``default=str``) of its tool-call arguments and of its error/summary (with 33 characters of
+#: the dict around those). JSON takes at most ~13 characters per CBOR byte of the same value:
+#: ``cbor2.undefined`` (1 byte, ``"undefined", ``), then ``false, `` (1 byte, 7), an escaped
+#: control character (6 for 1), a dict entry ``"false": false, `` (16 for 2).
+_JSON_PER_CBOR_BYTE = 16
+_ESTIMATE_FIXED, _ESTIMATE_PER_PART = 97, 48
+
+
 def _added_prefix(run_id: str) -> bytes:
     """The CBOR of a run's ``message.added`` data up to its ``seq`` value."""
     return _ADDED_HEAD + dumps(run_id) + _K_SEQ
+
 
 
 def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]],
@@ -1468,23 +1485,29 @@ def _message_events(run_id: str, first_seq: int, msgs: Sequence[dict[str, Any]],
     :class:`sessions.codec.Encoded` (the same bytes as encoding the dict below: the same
     entries in the same order), instead of cbor2 encoding the message a second time."""
     out: list[tuple[str, Any]] = []
-    for i, m in enumerate(msgs):
+    seq = first_seq
+    for m in msgs:
         role = m.get("role")
-        if _approx_size(m) <= MAX_EVENT_TEXT:
-            enc = encoded.get(id(m)) if encoded is not None and type(m) is dict else None
+        enc = encoded.get(id(m)) if encoded is not None and type(m) is dict else None
+        # A message whose CBOR is short enough is under the limit whatever _approx_size would
+        # find (see _JSON_PER_CBOR_BYTE): the estimate is skipped (a turn's every message).
+        if ((enc is not None and _ESTIMATE_FIXED + _ESTIMATE_PER_PART * len(m.get("content") or ())
+             + _JSON_PER_CBOR_BYTE * len(enc) <= MAX_EVENT_TEXT) or _approx_size(m) <= MAX_EVENT_TEXT):
             if enc is not None:
                 if prefix is None:
                     prefix = _added_prefix(run_id)
                 rc = _ROLE_CBOR.get(role) if type(role) is str else None
-                out.append((E.MESSAGE_ADDED, Encoded(prefix + cbor_uint(first_seq + i) + _K_ROLE
+                out.append((E.MESSAGE_ADDED, Encoded(prefix + cbor_uint(seq) + _K_ROLE
                                                      + (rc if rc is not None else dumps(role)) + _K_MESSAGE + enc)))
+                seq += 1
                 continue
-            data: dict[str, Any] = {"run_id": run_id, "seq": first_seq + i, "role": role, "message": m}
+            data: dict[str, Any] = {"run_id": run_id, "seq": seq, "role": role, "message": m}
         else:
-            data = {"run_id": run_id, "seq": first_seq + i, "role": role}
+            data = {"run_id": run_id, "seq": seq, "role": role}
             data["truncated"] = True
             data["text"] = _clip(M.text_of(m))
         out.append((E.MESSAGE_ADDED, data))
+        seq += 1
     return out
 
 

@@ -20,9 +20,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
-from .errors import ProviderError, TransientProviderError
+from .errors import ProviderError, StreamBrokenError, TransientProviderError, classify_exception
 from .messages import Message
-from .providers.base import Provider, ResponseBuilder, StreamEvent, ToolSpec, stream_model
+from .providers.base import Finish, Provider, ResponseBuilder, StreamEvent, ToolSpec, _is_output, stream_model
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 
 __all__ = ["RetryNotice", "call_model", "Clock", "SYSTEM_CLOCK"]
@@ -129,9 +129,9 @@ async def call_model(
                 # (an error of this call itself propagates unclassified, as from stream_model)
                 opened = provider.stream(system=system, messages=messages, tools=tools, max_tokens=max_tokens,
                                          **(stream_options or {}))
-                if getattr(opened, "sync_events", None) is not None:  # cannot wait: nothing to cancel
-                    await _read(provider, builder, system, messages, tools, max_tokens, stream_options, on_event,
-                                opened)
+                events = getattr(opened, "sync_events", None)
+                if events is not None:  # cannot wait: nothing to cancel
+                    await _read_sync(provider, builder, opened, events, on_event)
                 else:
                     with cancel_scope() as cs:
                         await _read(provider, builder, system, messages, tools, max_tokens, stream_options,
@@ -162,6 +162,58 @@ async def _sleep_until(clock: Clock, at: float, cancel_scope: Callable[[], trio.
     with cancel_scope() as cs:
         await clock.sleep_until(at)
     return not cs.cancelled_caught
+
+
+async def _read_sync(
+    provider: Provider,
+    builder: ResponseBuilder,
+    opened: Any,
+    events: Any,
+    on_event: Callable[[StreamEvent], Awaitable[None] | None] | None,
+) -> None:
+    """:func:`_read` of a stream whose events need no waiting (``opened.sync_events``, the
+    scripted model's unpaced one): the same events, errors and checks as ``stream_model``
+    reading it, without an async generator between (trio registers each one it sees start,
+    and every event passes through its ``asend``). Only the iterator's own errors are
+    classified, as ``stream_model``'s are: what ``builder`` or ``on_event`` raise (a failed
+    flush) propagates as it would from the body of an ``async for`` over ``stream_model``."""
+    output = False
+    finished = False
+    it = iter(events)
+    try:
+        while True:
+            try:
+                ev = next(it)
+            except StopIteration:
+                break
+            except ProviderError as e:
+                if output and not isinstance(e, StreamBrokenError):
+                    raise StreamBrokenError(f"stream failed after output: {e.message}", cause=e) from e
+                raise
+            except Exception as e:  # noqa: BLE001 — classified as stream_model classifies it
+                err = classify_exception(e, provider=getattr(provider, "name", None))
+                if output:
+                    raise StreamBrokenError(f"stream failed after output: {err.message}", cause=err) from e
+                raise err from e
+            if isinstance(ev, Finish):
+                finished = True
+            elif not output and _is_output(ev):  # (once output, always: no need to ask again)
+                output = True
+            builder.add(ev)
+            if on_event is not None:
+                r = on_event(ev)
+                if r is not None:
+                    await r
+    finally:
+        aclose = getattr(opened, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if not finished:
+        err = classify_exception(ConnectionError("stream ended without a finish event"),
+                                 provider=getattr(provider, "name", None))
+        if output:
+            raise StreamBrokenError(f"stream ended early: {err.message}", cause=err)
+        raise err
 
 
 async def _read(

@@ -431,7 +431,13 @@ class Store:
         run record is not read) and names a step its loop-state-guarded commit has not
         recorded yet, so the step's marker is not read either (``UsageBook.record_tr``'s
         ``new``: see there why it cannot exist). (Not wrapped: see check_lease.)"""
-        figures = {k: int(v) for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+        figures: dict[str, int] = {}
+        for k, v in usage.items():  # (a loop, not a comprehension's frame: two commits a turn)
+            if type(v) is int:
+                if v >= 0:
+                    figures[k] = v
+            elif isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                figures[k] = int(v)
         return self.ledger.usage.record_tr(tr, claim.run_id, step_id, figures, run_exists=True, new=True)
 
     async def reserve(self, claim: Claim, estimate: dict[str, int]) -> dict[str, int]:

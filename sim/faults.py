@@ -248,10 +248,21 @@ class SimHooks(FaultHooks):
         that killed one worker goes on to kill the next — so that the run has got somewhere
         before the poison strikes). See MAX_POISON_CRASHES for the depths."""
         start, stop = _LEASES.start, _LEASES.stop
+        label = self._proc(tr).label
         for m in tr._mutations:
             if m[0] != "set" or not start <= m[1] < stop:
                 continue
-            if self.poison is None and cbor2.loads(m[2]).get("token", 0) > 1:
+            token = cbor2.loads(m[2]).get("token", 0)
+            held = self.lease_holders.get(m[1][len(_LEASE_PREFIX):])
+            if (held is not None and held[0] == token and held[1] != label
+                    and tr._committed_version is not None):
+                # The lease rewritten under its holder's token by another process, and applied
+                # (a cancel carried by the lease record, docs/loop.md): neither a claim or a
+                # renewal nor a step of the run's progress — the poison takes no notice.
+                if m[1] == self.poison:
+                    return False
+                continue
+            if self.poison is None and token > 1:
                 sure = self.world.plan.poison
                 if sure is not None:  # (a sure poison: no BUGGIFY draw)
                     self.poison, self.poison_depth = m[1], sure
@@ -262,7 +273,6 @@ class SimHooks(FaultHooks):
                 return self.poison_depth == 0  # a claim or a renewal is not a step of progress
         if not self.poison_depth or self.poison not in tr._read_points:
             return False
-        label = self._proc(tr).label
         steps = self.poison_steps[label] = self.poison_steps.get(label, 0) + 1
         return steps == self.poison_depth
 

@@ -412,3 +412,70 @@ def test_oracle_model_applies_mutations_as_a_plain_dict_does():
             assert dict(model) == state and model.order == sorted(state)
             b, e = sorted([bytes([r.randrange(21)]), bytes([r.randrange(21)])])
             assert model.keys_in(b, e) == sorted(k for k in state if b <= k < e)
+
+
+# ---- the fence check and the poison's notion of a claim (sim.faults.SimHooks)
+
+
+class _Tr:
+    """What SimHooks reads of a committed transaction: its process, mutations and read keys."""
+
+    def __init__(self, label, mutations, reads=(), committed=True):
+        import types
+
+        self.db = types.SimpleNamespace(process=types.SimpleNamespace(label=label))
+        self._mutations = mutations
+        self._read_points = set(reads)
+        self._committed_version = 7 if committed else None
+
+
+def _lease_set(run: str, token: int, **more):
+    import cbor2
+    from ledger.keyspace import LedgerKeyspace
+
+    return ("set", LedgerKeyspace().lease(run), cbor2.dumps({"token": token, "expires_us": 1, **more}))
+
+
+def test_the_fence_check_names_a_loop_state_write_by_anyone_but_the_lease_holder():
+    from loop.keyspace import LoopKeyspace
+    from sim.faults import FaultPlan
+    from sim.world import World
+
+    world = World(1, FaultPlan())
+    hooks, state = world.hooks, ("set", LoopKeyspace().state("r1"), b"state")
+    lease_key = _lease_set("r1", 1)[1]
+    hooks.fence([_lease_set("r1", 1), state], "p1#1")  # a claim with its first writes
+    hooks.fence([_lease_set("r1", 1, cancel=True)], "p2#1")  # rewritten under its token elsewhere
+    hooks.fence([state], "p1#1")  # the holder: fine
+    assert not world.violations
+    hooks.fence([_lease_set("r1", 2)], "p2#1")  # taken over
+    hooks.fence([state], "p1#1")  # the stale worker's write got through
+    assert [v.invariant for v in world.violations] == ["no_stale_lease_writes"]
+    assert "p1#1 wrote the loop state of run r1 while p2#1's claim (lease token 2) held it" in world.violations[0].detail
+    hooks.fence([state, ("clear", lease_key, lease_key + b"\x00")], "p2#1")  # the holder settles
+    hooks.fence([state], "p3#1")  # no lease (parked: an approval): anyone
+    assert len(world.violations) == 1 and not hooks.lease_holders
+
+
+def test_the_poison_takes_no_notice_of_a_lease_rewritten_by_another_process():
+    """A cancel carried by the lease record (docs/loop.md, measured and not landed) rewrites the
+    lease under its holder's token from the cancelling process: not a claim or a renewal (depth
+    0 would kill the canceller) nor a step of progress (depth >= 1 would count it)."""
+    from sim.faults import FaultPlan
+    from sim.world import World
+
+    world = World(1, FaultPlan(poison=0))
+    hooks = world.hooks
+    claim, cancel = _lease_set("r1", 2), _lease_set("r1", 2, cancel=True)
+    hooks.fence([claim], "p1#1")
+    assert not hooks._poisoned(_Tr("p2#1", [cancel], reads=[cancel[1]])) and hooks.poison is None
+    assert hooks._poisoned(_Tr("p1#1", [claim])) and hooks.poison == claim[1]  # the holder's own write
+    assert not hooks._poisoned(_Tr("p2#1", [cancel], reads=[cancel[1]]))
+    assert hooks._poisoned(_Tr("p2#1", [claim], committed=False))  # a racing claim, refused: as before
+
+    world = World(1, FaultPlan(poison=1))
+    hooks = world.hooks
+    hooks.fence([claim], "p1#1")
+    assert not hooks._poisoned(_Tr("p1#1", [claim])) and hooks.poison == claim[1]  # picked, depth 1
+    assert not hooks._poisoned(_Tr("p2#1", [cancel], reads=[cancel[1]])) and not hooks.poison_steps
+    assert hooks._poisoned(_Tr("p1#1", [], reads=[claim[1]]))  # p1's first step of progress

@@ -454,8 +454,10 @@ class Process:
 
     async def wait_unclogged(self) -> None:
         while self.clogged_until > self.world.now():
-            if self.clog_only is not None and trio.lowlevel.current_task().name != self.clog_only:
-                return  # (not a held task)
+            if self.clog_only is not None:
+                if trio.lowlevel.current_task().name != self.clog_only:
+                    return  # (not a held task)
+                self.world.fault("clog.held", self.label)  # (a held request: the hold took effect)
             with trio.move_on_after(self.clogged_until - self.world.now()):
                 await self._unclogged.wait()
 

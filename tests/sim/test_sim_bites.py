@@ -195,6 +195,9 @@ def test_a_skipped_lease_check_is_caught(monkeypatch):
 
     monkeypatch.setattr(ledger.runs.Ledger, "check_lease", no_check)
     summary = _targeted("stale-write-first", STALE_WRITE_RUNS)
+    # (the hold finds the keeper by its task's name: a rename in loop must be followed there)
+    assert summary.faults.get("clog.held", 0) >= STALE_WRITE_RUNS, \
+        f"the lease keeper was not held: is sim.scenarios.KEEPER_TASK still its task's name? {summary.faults}"
     _assert_bites(summary, "no_stale_lease_writes", "stale-write-first")
     assert _caught(summary, "no_stale_lease_writes") >= STALE_WRITE_RUNS // 2, summary.invariant_failures
 

@@ -659,9 +659,28 @@ class LmdbStore:
                     # a value: written as a set is, below
                 else:  # ("clear", begin, end)
                     begin, end = m[1], m[2]
-                    for key in self._visible_keys(begin, end):
-                        self._put(version, key, None, touched)
-                        dead.append((version, key))
+                    if len(end) == len(begin) + 1 and end[-1] == 0 and end.startswith(begin):
+                        # one key (tr.clear(k), most clears, ~2 a turn): _visible_keys, _latest
+                        # and _put inlined; a tombstone only over a value
+                        top = top_ver.get(begin)
+                        if (top_val[begin] if top is not None else layout.get(self._base.txn, begin)) is not None:
+                            if top is None:
+                                unindexed[begin] = None
+                            elif top != version:
+                                older = olders.get(begin)
+                                if older is None:
+                                    olders[begin] = [top, top_val[begin]]
+                                else:
+                                    older.append(top)
+                                    older.append(top_val[begin])
+                            top_ver[begin] = version
+                            top_val[begin] = None
+                            touched.append(begin)
+                            dead.append((version, begin))
+                    else:
+                        for key in self._visible_keys(begin, end):
+                            self._put(version, key, None, touched)
+                            dead.append((version, key))
                     effects.append(layout.CLEAR)
                     effects.append(begin)
                     effects.append(end)

@@ -17,7 +17,7 @@ import functools
 import struct
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable
 
 import trio
 from trio._core import _run as _trio_run
@@ -286,6 +286,49 @@ def _strinc(prefix: bytes) -> bytes:
     if not p:
         raise ValueError("key must contain at least one byte not equal to 0xFF")
     return p[:-1] + bytes([p[-1] + 1])
+
+
+def _atomic_op(op: int, name: str) -> Callable[["Transaction", bytes, bytes], None]:
+    """The method ``Transaction.<name>``: FoundationDB's atomic operation ``op`` on a key.
+
+    Made per operation (``op`` a closure cell), so ``tr.add(k, p)`` is one Python frame, not
+    a method calling a shared ``_atomic(op, ...)`` (~8 a turn)."""
+
+    def atomic(self: "Transaction", key: bytes, param: bytes) -> None:
+        # the common case is tested in one expression, as in set()
+        if (
+            self._slow or type(key) is not bytes or type(param) is not bytes
+            or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(param) > VALUE_SIZE_LIMIT
+        ):
+            self._check_usable()
+            _check_write_key(key)
+            _check_value(param)
+            key, param = bytes(key), bytes(param)
+            if self._watches:
+                self._trigger_watches(key, None, _UNKNOWN)  # (RYW atomicOp: valueKnown false)
+        entry = self._writes.get(key)
+        if entry is None and self._clears and self._cleared(key):
+            entry = _CLEARED
+        if entry is None:
+            self._writes[key] = (_ATOMIC, [(op, param)])
+        elif entry[0] == _ATOMIC:
+            entry[-1].append((op, param))
+        elif entry[0] == _UNREADABLE:
+            self._writes[key] = (_ATOMIC, [(op, param)])
+        else:
+            new = apply_atomic(op, entry[-1] if entry[0] == _SET else None, param)
+            self._writes[key] = _CLEARED if new is None else (_SET, new)
+        self._mutations.append(("atomic", op, key, param))
+        if self._next_write_no_conflict:  # (_add_write_point inlined)
+            self._next_write_no_conflict = False
+            self._size += len(key) + len(param)
+        else:
+            self._write_points.append(key)
+            self._size += 3 * len(key) + len(param) + 1  # the key, its operand, its write conflict range
+
+    atomic.__name__ = name
+    atomic.__qualname__ = f"Transaction.{name}"
+    return atomic
 
 
 class Transaction:
@@ -875,9 +918,12 @@ class Transaction:
         self.set(key, value)
 
     def clear(self, key: bytes) -> None:
-        self._check_usable()
-        if not isinstance(key, (bytes, bytearray)):
-            raise TypeError(f"keys are bytes, not {type(key).__name__}")
+        if self._slow:
+            self._check_usable()  # (only a transaction marked slow can fail it)
+        if type(key) is not bytes:
+            if not isinstance(key, (bytes, bytearray)):
+                raise TypeError(f"keys are bytes, not {type(key).__name__}")
+            key = bytes(key)
         if key >= SYSTEM_KEY_PREFIX:
             raise KVError(2004, "keys at or above \\xff are outside the legal range")
         if len(key) > KEY_SIZE_LIMIT:
@@ -885,13 +931,16 @@ class Transaction:
             # FoundationDB's ReadYourWritesTransaction::clear returns before writing anything
             # (getMaxClearKeySize: "keys larger than this will be assumed not to exist").
             return
-        key = bytes(key)
         if self._watches:
             self._trigger_watches(key, None, None)
         self._writes[key] = _CLEARED
-        self._mutations.append(("clear", key, key_after(key)))
-        self._size += 2 * len(key) + 1
-        self._add_write_point(key)
+        self._mutations.append(("clear", key, key + b"\x00"))  # (key_after inlined)
+        if self._next_write_no_conflict:  # (_add_write_point inlined)
+            self._next_write_no_conflict = False
+            self._size += 2 * len(key) + 1
+        else:
+            self._write_points.append(key)
+            self._size += 4 * len(key) + 2  # the key and its end, its write conflict range
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._check_usable()
@@ -918,67 +967,17 @@ class Transaction:
         self._clears = _merge_interval(self._clears, begin, end)
         self._clear_begins = [b for b, _ in self._clears]
 
-    def _atomic(self, op: int, key: bytes, param: bytes) -> None:
-        # ~8 per agent turn (usage counters): the common case is tested in one expression, as in set()
-        if (
-            self._slow or type(key) is not bytes or type(param) is not bytes
-            or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(param) > VALUE_SIZE_LIMIT
-        ):
-            self._check_usable()
-            _check_write_key(key)
-            _check_value(param)
-            key, param = bytes(key), bytes(param)
-            if self._watches:
-                self._trigger_watches(key, None, _UNKNOWN)  # (RYW atomicOp: valueKnown false)
-        entry = self._writes.get(key)
-        if entry is None and self._clears and self._cleared(key):
-            entry = _CLEARED
-        if entry is None:
-            self._writes[key] = (_ATOMIC, [(op, param)])
-        elif entry[0] == _ATOMIC:
-            entry[-1].append((op, param))
-        elif entry[0] == _UNREADABLE:
-            self._writes[key] = (_ATOMIC, [(op, param)])
-        else:
-            new = apply_atomic(op, entry[-1] if entry[0] == _SET else None, param)
-            self._writes[key] = _CLEARED if new is None else (_SET, new)
-        self._mutations.append(("atomic", op, key, param))
-        if self._next_write_no_conflict:  # (_add_write_point inlined)
-            self._next_write_no_conflict = False
-            self._size += len(key) + len(param)
-        else:
-            self._write_points.append(key)
-            self._size += 3 * len(key) + len(param) + 1  # the key, its operand, its write conflict range
-
-    def add(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.ADD, key, param)
-
-    def bit_and(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.BIT_AND, key, param)
-
-    def bit_or(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.BIT_OR, key, param)
-
-    def bit_xor(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.BIT_XOR, key, param)
-
-    def max(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.MAX, key, param)
-
-    def min(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.MIN, key, param)
-
-    def byte_min(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.BYTE_MIN, key, param)
-
-    def byte_max(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.BYTE_MAX, key, param)
-
-    def append_if_fits(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.APPEND_IF_FITS, key, param)
-
-    def compare_and_clear(self, key: bytes, param: bytes) -> None:
-        self._atomic(_atomic.COMPARE_AND_CLEAR, key, param)
+    # The atomic operations (~8 a turn: usage counters), each one frame: see _atomic_op.
+    add = _atomic_op(_atomic.ADD, "add")
+    bit_and = _atomic_op(_atomic.BIT_AND, "bit_and")
+    bit_or = _atomic_op(_atomic.BIT_OR, "bit_or")
+    bit_xor = _atomic_op(_atomic.BIT_XOR, "bit_xor")
+    max = _atomic_op(_atomic.MAX, "max")
+    min = _atomic_op(_atomic.MIN, "min")
+    byte_min = _atomic_op(_atomic.BYTE_MIN, "byte_min")
+    byte_max = _atomic_op(_atomic.BYTE_MAX, "byte_max")
+    append_if_fits = _atomic_op(_atomic.APPEND_IF_FITS, "append_if_fits")
+    compare_and_clear = _atomic_op(_atomic.COMPARE_AND_CLEAR, "compare_and_clear")
 
     @staticmethod
     def _split_offset(param: bytes, what: str) -> tuple[bytes, int]:

@@ -45,7 +45,12 @@ Key (under root["l"])              Value
                                    takes over expired ones first
 ("sig",)                           int64 LE: bumped when a run becomes ready (workers watch it)
 ("u", run_id, "s", step_id)        CBOR usage of one step: the idempotency marker of record()
-("u", run_id, "t", field)          int64 LE total of one usage field (atomic add)
+("u", run_id, "t", 1)              the run's totals of ledger.usage.PACKED_FIELDS (input, output,
+                                   cache read and write tokens, cost) packed: 12-byte LE unsigned
+                                   fields in that order, one atomic add a step (session 17)
+("u", run_id, "t", field)          int64 LE total of one usage field (atomic add): fields outside
+                                   PACKED_FIELDS, and every field of runs recorded before the
+                                   packed record (still read and summed with it)
 ("st", run_id, name, i)            chunk i of a durable step's CBOR record {"result", "at"}
 """
 
@@ -70,6 +75,7 @@ __all__ = ["LedgerKeyspace"]
 _O, _SUB, _SBD, _SBC, _CS, _Q, _H = (pack_str(p) for p in ("o", "sub", "sbd", "sbc", "cs", "q", "h"))
 _RUN, _OUT, _RL, _CX, _U, _S, _T = (pack_str(p) for p in ("run", "out", "rl", "cx", "u", "s", "t"))
 _RD, _LX = pack_str("rd"), pack_str("lx")
+_PACKED1 = pack_uint(1)  # (ledger.usage.PACKED_LAYOUT)
 
 class LedgerKeyspace:
     """Key constructors for the table above. Pure; no I/O."""
@@ -196,6 +202,11 @@ class LedgerKeyspace:
     @lru_cache(maxsize=_CACHE)
     def usage_total(self, run_id: str, field: str) -> bytes:
         return self._b + _U + pack_str(run_id) + _T + pack_str(field)
+
+    def usage_packed_total(self, run_id: str) -> bytes:
+        """``("u", run_id, "t", 1)``: the packed totals record (ledger.usage.PACKED_LAYOUT).
+        Not cached: built once per model step, from the step marker's cached prefix parts."""
+        return self._b + _U + pack_str(run_id) + _T + _PACKED1
 
     @lru_cache(maxsize=_CACHE)
     def usage_totals_range(self, run_id: str) -> slice:

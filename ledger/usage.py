@@ -27,12 +27,62 @@ from .errors import UsageConflict, UsageLimitExceeded
 if TYPE_CHECKING:
     from .runs import Lease, Ledger
 
-__all__ = ["UsageBook", "TOTAL_TOKENS", "MAX_USAGE_FIELDS", "check_limits"]
+__all__ = ["UsageBook", "TOTAL_TOKENS", "MAX_USAGE_FIELDS", "PACKED_FIELDS", "check_limits", "decode_total"]
 
 #: Derived field: input_tokens + output_tokens.
 TOTAL_TOKENS = "total_tokens"
 MAX_USAGE_FIELDS = 32
 MAX_STEP_ID = 512
+
+#: The usage fields a run's totals keep in one packed record, ``("u", run, "t", PACKED_LAYOUT)``:
+#: each a little-endian unsigned field of PACKED_FIELD_BYTES, in this order, so one atomic
+#: ``add`` of the step's figures packed alike adds them all, field by field (as FoundationDB
+#: layers pack several counters in one value). A carry crosses into the next field only past
+#: 2**96 - 1: a figure is below 2**63 (an int64 before this layout; asserted by record_tr), so
+#: that needs 2**33 steps of the largest figure. Every add to the record has the same length
+#: (an add's operand length is the value's: a shorter one would drop the fields past it), so
+#: the layout never changes in place: another field list is another layout number. Fields
+#: not listed keep one int64 key each, as every field did before (records of that older
+#: layout are read and summed with the packed one: see decode_total).
+PACKED_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_micros")
+PACKED_FIELD_BYTES = 12
+PACKED_LAYOUT = 1
+MAX_FIGURE = (1 << 63) - 1
+assert len(PACKED_FIELDS) * PACKED_FIELD_BYTES <= 100 and PACKED_FIELD_BYTES * 8 >= 64 + 32
+_PACKED_INDEX = {f: i for i, f in enumerate(PACKED_FIELDS)}
+_PACKED_ZERO = [0] * len(PACKED_FIELDS)
+
+
+def _packed(figures: Mapping[str, int]) -> "tuple[bytes | None, dict[str, int]]":
+    """``(operand, rest)``: the packed record's add operand for ``figures`` (None when none of
+    them is a packed field, or all of those are 0) and the figures kept in keys of their own."""
+    vals = None
+    rest: dict[str, int] = {}
+    for k, v in figures.items():
+        i = _PACKED_INDEX.get(k)
+        if i is None:
+            if v:
+                rest[k] = v
+        elif v:
+            if vals is None:
+                vals = _PACKED_ZERO.copy()
+            vals[i] = v
+    if vals is None:
+        return None, rest
+    return b"".join([v.to_bytes(PACKED_FIELD_BYTES, "little") for v in vals]), rest
+
+
+def decode_total(name: "str | int", value: bytes) -> dict[str, int]:
+    """The totals one row of a run's totals range holds: ``name`` is the key's last part (a
+    field name: an int64 total of that field, the older layout and fields outside
+    PACKED_FIELDS; PACKED_LAYOUT: the packed record). For readers of the raw keys (the
+    simulator's checks); :meth:`UsageBook.totals_tr` sums them."""
+    if name.__class__ is int:
+        if name != PACKED_LAYOUT:
+            raise ValueError(f"unknown usage totals layout {name!r}")
+        n = PACKED_FIELD_BYTES
+        return {f: int.from_bytes(value[i * n:(i + 1) * n], "little") for i, f in enumerate(PACKED_FIELDS)}
+    return {name: unpack_i64(value)}
 
 
 _LIMIT_NAME = re.compile(r"^max_[a-z][a-z0-9_]{0,62}$")
@@ -72,8 +122,8 @@ def _check_usage(usage: Mapping[str, int]) -> dict[str, int]:
     for k, v in usage.items():
         if not isinstance(k, str) or not k or k == TOTAL_TOKENS:
             raise ValueError(f"bad usage field {k!r}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"usage field {k!r} must be a non-negative int")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > MAX_FIGURE:
+            raise ValueError(f"usage field {k!r} must be a non-negative int below 2**63")
         out[k] = v
     return out
 
@@ -113,9 +163,11 @@ class UsageBook:
                     raise UsageConflict(f"usage for step {step_id!r} of run {run_id!r} was recorded with other figures")
                 return False
         tr.set(marker, dumps(figures))
-        for k, v in figures.items():
-            if v:
-                tr.add(self.keys.usage_total(run_id, k), pack_i64(v))
+        packed, rest = _packed(figures)
+        if packed is not None:  # (the usual fields, whatever their number: one add)
+            tr.add(self.keys.usage_packed_total(run_id), packed)
+        for k, v in rest.items():
+            tr.add(self.keys.usage_total(run_id, k), pack_i64(v))
         return True
 
     async def record(self, run_id: str, step_id: str, usage: Mapping[str, int], *,
@@ -131,7 +183,11 @@ class UsageBook:
         r = self.keys.usage_totals_range(run_id)
         out: dict[str, int] = {}
         for row in await tr.get_range(r.start, r.stop):
-            out[self.keys.unpack(row.key)[-1]] = unpack_i64(row.value)
+            # (a packed record and the older layout's int64 key of a field may both hold a
+            # part of one field's total: a run recorded across the layout change)
+            for k, v in decode_total(self.keys.unpack(row.key)[-1], row.value).items():
+                if v or k not in PACKED_FIELDS:
+                    out[k] = out.get(k, 0) + v
         out[TOTAL_TOKENS] = out.get("input_tokens", 0) + out.get("output_tokens", 0)
         return out
 

@@ -49,7 +49,8 @@ import kv
 from loop import Runtime
 from loop import messages as M
 from loop.pricing import FREE, cost_micros
-from sessions.codec import loads, unpack_i64
+from ledger.usage import decode_total
+from sessions.codec import loads
 
 if TYPE_CHECKING:
     from .harness import Checker
@@ -132,7 +133,8 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
         async def read_all(tr: Any) -> list[Any]:  # read-only
             out = []
             for run_id in run_ids:
-                # ("u", run, "s", step): a step's CBOR record; ("u", run, "t", field): an int64 total
+                # ("u", run, "s", step): a step's CBOR record; ("u", run, "t", field): an int64 total,
+                # ("u", run, "t", 1): the packed totals of the usual fields (ledger.usage.decode_total)
                 steps: dict[str, dict[str, int]] = {}
                 totals: dict[str, int] = {}
                 r = keys.base.range(("u", run_id))
@@ -151,7 +153,10 @@ async def check_runtime(sc: "RuntimeScenario", checker: "Checker") -> None:
                     if kind == "s":
                         steps[name] = loads(row.value)
                     else:
-                        totals[name] = unpack_i64(row.value)
+                        # (an int64 key per field, or the packed record of several: ledger.usage)
+                        for k, v in decode_total(name, row.value).items():
+                            if v:
+                                totals[k] = totals.get(k, 0) + v
                 out.append((await read_run(tr, run_id), steps, totals))
             return out
 

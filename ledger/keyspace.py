@@ -32,9 +32,12 @@ Key (under root["l"])              Value
 ("run", run_id)                    CBOR run {"id", "owner", "conversation", "submission_id",
                                    "seq", "state", "attempt", "claims", "max_attempts",
                                    "created", "updated", "limits", "rd", "settled_token",
-                                   "released_token", "error", "q"?}; "q": False when the run
-                                   has no FIFO entry (active from its submit)
-("out", run_id, i)                 chunk i of the CBOR outcome {"status", "result", "error"}
+                                   "released_token", "error", "q"?, "out"?}; "q": False when the
+                                   run has no FIFO entry (active from its submit); "out": a
+                                   settled run's CBOR outcome {"status", "result", "error"}
+                                   when at most runs.INLINE_OUTCOME_BYTES (session 17)
+("out", run_id, i)                 chunk i of the CBOR outcome of a settled run without "out"
+                                   (a larger outcome; every outcome settled before session 17)
 ("rl", run_id)                     CBOR lease {"token", "worker", "expires_at", "expires_us",
                                    "nonce"}: present iff the run is running; every worker
                                    write reads it (the fencing check)

@@ -96,6 +96,12 @@ MAX_CLAIM_SKIPS = 64
 MAX_REQUEST_BYTES = 4_000_000
 #: A settled event carries the result only when it is this small (the run record always has it).
 MAX_EVENT_RESULT_BYTES = 16_000
+#: An outcome whose CBOR is at most this is kept in its run record (``"out"``: those bytes), which
+#: the settle writes anyway, so a settle writes one key less; a larger one goes to chunks under
+#: ("out", run_id) as before (every outcome did before session 17). With the run record's other
+#: fields (ids, limits, the outcome's error again: at most this much too) it stays far under a
+#: value's limit.
+INLINE_OUTCOME_BYTES = 16_000
 MAX_ID = 512
 #: A request (canonical CBOR body) up to this size is stored inside its submission record, so a
 #: submit writes one key for record, request and position instead of three (each key costs
@@ -108,6 +114,7 @@ INLINE_REQUEST_BYTES = 64_000
 _SUB_OVERHEAD = 2 * 4 * MAX_ID + 4 * (2 * MAX_OWNER_PART + 1) + 1_000 + 13
 assert CLAIM_WINDOW >= 1 and DEFAULT_MAX_ATTEMPTS <= MAX_MAX_ATTEMPTS
 assert INLINE_REQUEST_BYTES + _SUB_OVERHEAD <= kv.limits.VALUE_SIZE_LIMIT
+assert 2 * INLINE_OUTCOME_BYTES + 4 * 4 * MAX_ID + 20_000 < kv.limits.VALUE_SIZE_LIMIT
 
 #: First byte of a submission record written as one versionstamped value: then the 12-byte
 #: position of its run.queued event (10 bytes stamped at commit + the 2-byte order), then the
@@ -497,7 +504,7 @@ class Ledger:
             run = await self._run(tr, rec["run_id"])
             if pos is None:  # a record from before positions were kept in it
                 pos = await tr.get(self.keys.submission_cursor(tag, submission_id))
-            outcome = await self._outcome(tr, run["id"]) if run["state"] in SETTLED_STATES else None
+            outcome = await self._outcome(tr, run) if run["state"] in SETTLED_STATES else None
             lease = None
             if claim is not None and run["state"] == RUNNING:
                 # A retry (after commit_unknown_result) of a submit_and_claim that committed: the
@@ -956,7 +963,7 @@ class Ledger:
             if run.get("settled_token") == lease.token:
                 if events_before:  # (as if the caller had emitted them itself)
                     await self.journal.emit_many_tr(tr, run["owner"], run["conversation"], events_before, refs=False)
-                return await self._outcome(tr, run["id"]) or out
+                return await self._outcome(tr, run) or out
             raise LeaseLost(f"run {lease.run_id!r} was settled by someone else")
         if lease_rec is not None and lease_rec.get("token") == lease.token:
             rec = lease_rec
@@ -970,8 +977,13 @@ class Ledger:
     async def settle(self, lease: Lease, outcome: Mapping[str, Any]) -> dict[str, Any]:
         return await self.db.transact(lambda tr: self.settle_tr(tr, lease, outcome))
 
-    async def _outcome(self, tr: Any, run_id: str) -> dict[str, Any] | None:
-        body = await read_chunks(tr, self.keys.outcome(run_id))
+    async def _outcome(self, tr: Any, run: dict[str, Any]) -> dict[str, Any] | None:
+        """A settled run's outcome: in its record (``"out"``, its CBOR) when small, else in
+        chunks under ("out", run_id) (so is every outcome settled before session 17)."""
+        inline = run.get("out")
+        if inline is not None:
+            return loads(inline)
+        body = await read_chunks(tr, self.keys.outcome(run["id"]))
         return loads(body) if body is not None else None
 
     async def _finish_tr(self, tr: Any, run: dict[str, Any], outcome: dict[str, Any], *,
@@ -996,12 +1008,16 @@ class Ledger:
         run["state"] = status
         run["settled_token"] = token
         run["error"] = outcome.get("error")
-        self._put_run(tr, run)
         encoded = dumps(outcome)
-        if len(encoded) <= CHUNK_SIZE:  # one chunk, at the key write_chunks would give it
-            tr.set(self.keys.outcome_chunk(run_id, 0), encoded)
+        if len(encoded) <= INLINE_OUTCOME_BYTES:  # (the usual case: in the run record, see _outcome)
+            run["out"] = encoded
+            self._put_run(tr, run)
         else:
-            write_chunks(tr, self.keys.outcome(run_id), encoded)
+            self._put_run(tr, run)
+            if len(encoded) <= CHUNK_SIZE:  # one chunk, at the key write_chunks would give it
+                tr.set(self.keys.outcome_chunk(run_id, 0), encoded)
+            else:
+                write_chunks(tr, self.keys.outcome(run_id), encoded)
         cs_key = self.keys.conversation_state(tag, conv)
         cs = loads(await tr.get(cs_key))
         if cs["active"] == run_id:
@@ -1098,7 +1114,7 @@ class Ledger:
 
     async def get_run_tr(self, tr: Any, run_id: str, *, owner: OwnerLike | None = None) -> RunInfo:
         run = await self._run(tr, run_id, as_tag(owner) if owner is not None else None)
-        outcome = await self._outcome(tr, run_id) if run["state"] in SETTLED_STATES else None
+        outcome = await self._outcome(tr, run) if run["state"] in SETTLED_STATES else None
         cx = await tr.get(self.keys.cancel(run_id)) is not None
         worker = expires = None
         if run["state"] == RUNNING:
@@ -1114,19 +1130,20 @@ class Ledger:
         return await self.db.transact(lambda tr: self.get_run_tr(tr, run_id, owner=owner))  # read-only
 
     async def wait_settled(self, run_id: str, *, owner: OwnerLike | None = None) -> dict[str, Any]:
-        """The run's outcome once settled (watch on the outcome's first chunk).
+        """The run's outcome once settled (a watch on the run record).
 
-        The watch is on the outcome, not the run record: the outcome is written
-        exactly once, by the settling transaction (:meth:`_finish_tr`), whereas
-        the run record also changes on every claim, which used to wake each
-        waiter for a needless re-read and re-watch."""
+        The watch is on the run record, which the settling transaction writes whether the
+        outcome goes in it (small ones, since session 17) or in chunks of its own (large
+        ones, and every one settled by an older version). The record also changes on a claim,
+        a park or a resume, each waking the waiter for a re-read and a new watch: a few per
+        run, for one key less per settle."""
         tag = as_tag(owner) if owner is not None else None
         while True:
             async def fn(tr: Any) -> Any:  # read-only
                 run = await self._run(tr, run_id, tag)
                 if run["state"] in SETTLED_STATES:
-                    return ("done", await self._outcome(tr, run_id))
-                return ("wait", tr.watch(self.keys.outcome_chunk(run_id, 0)))
+                    return ("done", await self._outcome(tr, run))
+                return ("wait", tr.watch(self.keys.run(run_id)))
 
             kind, v = await self.db.transact(fn)
             if kind == "done":

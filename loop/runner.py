@@ -795,9 +795,7 @@ class Runner:
                 # coroutine, answers the events that need no commit (call_model awaits
                 # only what is returned).
                 if coalescer.flushes == 0 and not coalescer.pending:  # (nothing made into items yet)
-                    coalescer.hold(ev)
-                    if (coalescer.held_chars < MAX_PENDING_CHARS
-                            and trio_now() - started_at < FLUSH_INTERVAL):
+                    if coalescer.hold(ev) < MAX_PENDING_CHARS and trio_now() - started_at < FLUSH_INTERVAL:
                         return None
                     coalescer.release()
                 else:

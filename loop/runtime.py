@@ -470,7 +470,7 @@ class Runtime:
 
         async def drive() -> None:
             try:
-                await runner.execute()
+                await runner._execute(nursery)  # (Runner.execute with the runtime's nursery: a frame less)
             finally:
                 done.set()
 

@@ -53,6 +53,10 @@ assert FLUSH_INTERVAL > 0 and 0 < MAX_PENDING_CHARS < 80_000
 class PartCoalescer:
     """Pending (type, data) journal items for one model call's stream."""
 
+    # (slots: one per model call, its fields read on every streamed event)
+    __slots__ = ("run_id", "call", "pending", "pending_chars", "_part_of_text", "_part_of_call",
+                 "_part_of_thinking", "_last_text_index", "_last_part", "parts", "flushes", "held", "held_chars")
+
     def __init__(self, run_id: str, call_number: int) -> None:
         self.run_id = run_id
         self.call = call_number
@@ -69,14 +73,15 @@ class PartCoalescer:
         self.held: list[StreamEvent] | None = None
         self.held_chars = 0
 
-    def hold(self, ev: StreamEvent) -> None:
+    def hold(self, ev: StreamEvent) -> int:
         """Keep ``ev`` without making journal items of it yet (:meth:`release` does).
 
         Until a call's first flush is due, its events need only be kept: an answer that
         ends before then (most do) is journaled whole by ``message.added``, and the part
         items :meth:`add` would have made of its stream are never used. ``held_chars``
         counts what :meth:`add` would count in ``pending_chars`` (never less), so a caller
-        that releases once it reaches MAX_PENDING_CHARS flushes no later than before."""
+        that releases once it reaches MAX_PENDING_CHARS flushes no later than before.
+        Returns ``held_chars``."""
         if self.held is None:
             self.held = []
         self.held.append(ev)
@@ -84,6 +89,7 @@ class PartCoalescer:
             self.held_chars += len(ev.text)
         elif isinstance(ev, ToolCallDelta):
             self.held_chars += len(ev.arguments)
+        return self.held_chars
 
     def release(self) -> None:
         """Make the journal items of the held events, in order, as :meth:`add` of each would

@@ -304,6 +304,9 @@ async def stream_model(
 class ResponseBuilder:
     """Folds stream events into the assistant message the loop persists."""
 
+    # (slots: one per model call attempt, its fields read on every streamed event)
+    __slots__ = ("_parts", "_last_text_index", "_thinking_at", "_call_at", "_args", "finish")
+
     def __init__(self) -> None:
         self._parts: list[dict[str, Any]] = []  # in stream order
         self._last_text_index: int | None = None

@@ -351,7 +351,7 @@ def _reply_events(
     # it, interleaved reasoning wherever it streams.  Without reasoning the numbering is the
     # scripted model's own (the text at 0, tool call i at i + 1): indexes only pair a delta
     # with its block.
-    reasoning = any(kind == "reasoning" for kind, _ in blocks)
+    reasoning = bool(r.thinking or r.interleaved)  # (the reasoning blocks _layout placed)
     calls = 0
     for idx, (kind, block) in enumerate(blocks):
         if kind == "reasoning":

@@ -591,7 +591,9 @@ class Runner:
             base = page.start
         cancel = False if new_run else await store.cancel_requested(tr, run_id)
         first_seq = base + len(messages)
-        appended = _dangling_results(messages, 0, reason="interrupted") + [_user_message(claim.delivery)]
+        appended = [_user_message(claim.delivery)]
+        if messages:  # (a new conversation has nothing dangling)
+            appended[:0] = _dangling_results(messages, 0, reason="interrupted")
         state = LoopState(owner, conv, agent_name, user_seq=first_seq + len(appended) - 1)
         state.ver, state.tok = 1, store.new_token()
         # (a new session is created by the append, its head written once)
@@ -600,7 +602,7 @@ class Runner:
         await store.transcripts.append_tr(tr, owner, conv, appended, expected_head=first_seq, create=page is None,
                                           head=head, encoded_out=encoded, head_out=written)
         tr.set(store.loop_keys.state(run_id), state.to_bytes())
-        evs = _message_events(run_id, first_seq, appended, {id(m): b for m, b in zip(appended, encoded)})
+        evs = _message_events(run_id, first_seq, appended, dict(zip(map(id, appended), encoded)))
         after_start = claim.lease.journal_after_start
         if after_start is not None:  # submitted in this transaction: journaled with run.started
             after_start.extend(evs)
@@ -984,7 +986,7 @@ class Runner:
             # Parts already journaled are completed by the pending rest; if none were,
             # message.added alone tells the whole answer.
             out = list(coalescer.pending) if coalescer.flushes else []
-            out.extend(self._message_events(first_seq, appended))
+            out.extend(_message_events(self.run_id, first_seq, appended, self._txn_encoded, self._added_prefix))
             if usage:
                 out.append((E.USAGE_UPDATED, {"run_id": self.run_id, "step": f"model-{call_no}", "usage": usage}))
             if start_first is not None and not self._txn_cancel:
@@ -1245,7 +1247,7 @@ class Runner:
             if reason:
                 done["reason"] = reason
             out = [(E.TOOL_COMPLETED, done)]
-            out.extend(self._message_events(first_seq, [msg]))
+            out.extend(_message_events(self.run_id, first_seq, [msg], self._txn_encoded, self._added_prefix))
             if nxt is not None and not self._txn_cancel:
                 out.append(self._tool_started_event(nxt))
             return out

@@ -230,7 +230,8 @@ def _context_tokens(system: str, messages: Sequence[Message]) -> int:
             if kind == "text":
                 text += len(p.get("text", ""))
             elif kind == "tool_call":
-                n += estimate_tokens(_args_json(p.get("arguments")))
+                args = p.get("arguments")  # ("{}" for none: one token)
+                n += estimate_tokens(json.dumps(args)) if args else 1
             elif kind == "tool_result":
                 n += estimate_tokens(p.get("content") or "")
         if text:
@@ -339,6 +340,21 @@ def _reply_events(
     max_tokens: int | None = None,
 ) -> Iterator[StreamEvent]:
     """The events of ``r`` in stream order, ending with Finish (a generator: made as read)."""
+    if not r.thinking and not r.interleaved and (max_tokens is None or r.usage is not None):
+        # The common reply (no reasoning, no cut): its text at index 0, tool call i at i + 1,
+        # as the general path below numbers them, without laying out blocks first.
+        text, tool_calls = r.text, r.tool_calls
+        for i in range(0, len(text), chunk):
+            yield TextDelta(text[i : i + chunk], 0)
+        for at, block in enumerate(tool_calls, 1):
+            yield ToolCallStart(at, block.get("id") or f"call_{len(messages)}_{at - 1}", block["name"])
+            args = block["partial_arguments"] if "partial_arguments" in block else _args_json(block.get("arguments"))
+            if args:
+                yield ToolCallDelta(at, args)
+        usage = r.usage or Usage(_context_tokens(system, messages),
+                                 estimate_tokens(text) + TOOL_CALL_TOKENS * len(tool_calls))
+        yield Finish(r.stop_reason or (STOP_TOOL_USE if tool_calls else STOP_END), usage)
+        return
     blocks = _layout(r)
     output: int | None = None
     stop_reason = r.stop_reason

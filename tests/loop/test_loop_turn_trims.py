@@ -325,3 +325,20 @@ async def test_usage_figures_recorded_are_the_plain_non_negative_ints(tmp_path):
                                         "sub": Sub(4), "f": 1.5, "s": "x"})
     assert recorded == {"input_tokens": 3, "output_tokens": 0, "sub": 4}
     assert type(recorded["sub"]) is int
+
+
+# ---------------------------------------------------------------- the scripted model's common reply
+
+
+def test_a_plain_scripted_reply_streams_as_the_general_path_streams_it():
+    from loop.providers.scripted import _reply_events
+
+    ctx = [M.user("hello there"), M.assistant("", [{"type": "tool_call", "id": "c0", "name": "t", "arguments": {"a": 1}}])]
+    replies = [reply("done"), reply("", tool_call("noop")), reply("x" * 50, tool_call("a", {"k": "v"}), tool_call("b")),
+               reply("", tool_call("a", id="fixed")), reply(""), reply("hi", stop_reason="max_tokens"),
+               reply("u", usage=Usage(7, 3))]
+    for r in replies:
+        fast = list(_reply_events(r, system="sys", messages=ctx, chunk=16))
+        general = list(_reply_events(r, system="sys", messages=ctx, chunk=16, max_tokens=10**9))  # (never cut)
+        assert fast == general, r
+        assert isinstance(fast[-1], Finish)

@@ -159,23 +159,10 @@ class EventRef:
 
 
 # Per-transaction event order, kept on the transaction object itself (an attribute;
-# a weak map for transaction types that take none). Never reset across a
+# a weak map for transaction types that take none; see Journal.emit_many_tr). Never reset across a
 # transaction's retries: the order only has to be unique and increasing inside one commit.
 _ORDER_ATTR = "_surefoot_event_order"
 _ORDER: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-
-
-def _next_order(tr: Any, count: int = 1) -> int:
-    """The first of ``count`` consecutive orders reserved in ``tr``."""
-    try:
-        n = getattr(tr, _ORDER_ATTR, 0)
-        setattr(tr, _ORDER_ATTR, n + count)
-    except AttributeError:  # no attributes (slots): a weak map
-        n = _ORDER.get(tr, 0)
-        _ORDER[tr] = n + count
-    if n + count > MAX_EVENTS_PER_TRANSACTION:
-        raise TooLarge(f"more than {MAX_EVENTS_PER_TRANSACTION} journal events in one transaction")
-    return n
 
 
 # An event key is ``prefix + pack((Versionstamp,))``: the tuple layer's code
@@ -192,6 +179,16 @@ def _stamped_event_key(prefix: bytes, order: int) -> bytes:
 
 _ADD_ONE = pack_i64(1)
 _ADD_ZERO = pack_i64(0)
+#: The emitted-count operands of emits of 0.._ADD_N_CACHED - 1 events.
+_ADD_N_CACHED = 64
+_ADD_N = [pack_i64(n) for n in range(_ADD_N_CACHED)]
+#: The 2-byte in-transaction orders 0.._ORDER_BYTES_CACHED - 1 (a turn's transactions use a few).
+_ORDER_BYTES_CACHED = 256
+_ORDER_BYTES = [i.to_bytes(2, "big") for i in range(_ORDER_BYTES_CACHED)]
+#: An event key's parts around the journal prefix (see _stamped_event_key, _append_keys).
+_STAMP_PLACEHOLDER = b"\xff" * 10
+_VS_OFFSET = struct.Struct("<I").pack
+_EVENTS_PART, _EMITTED_PART = kv.tuple.pack(("e",)), kv.tuple.pack(("n",))
 
 #: An event value's first bytes per event type: CBOR's head of a 4-element array, then the
 #: type's string (see Journal.emit_many_tr); the keys are exactly ev.EVENT_TYPES.
@@ -269,15 +266,22 @@ class Journal:
         versionstamp is asked of the transaction for them). A ``data`` that is a
         :class:`sessions.codec.Encoded` is stored as its bytes (what encoding the value they
         encode would store)."""
-        tag = as_tag(owner)
-        if not items:
+        # A str owner found in _appends with this conversation was validated as a tag (and
+        # normalised: as_tag gave the str back) and the conversation checked when the pair was
+        # first emitted to: no as_tag call for every emit after the first.
+        ck = (owner, conversation)
+        keys = self._appends.get(ck) if owner.__class__ is str else None
+        if keys is None:
+            tag = as_tag(owner)
             check_conversation_id(conversation)
+            if not items:
+                return []
+            ck = (tag, conversation)
+            keys = self._appends.get(ck)
+            if keys is None:
+                keys = self._append_keys(ck)
+        elif not items:
             return []
-        ck = (tag, conversation)
-        keys = self._appends.get(ck)
-        if keys is None:  # (a remembered one was checked when it was first emitted to)
-            check_conversation_id(conversation)
-            keys = self._append_keys(ck)
         now = self.clock()
         # The value is a CBOR array [type, data, ts, eid] (cheaper to decode than a map on
         # replay), built as its parts' encodings concatenated: the same bytes as
@@ -291,9 +295,10 @@ class Journal:
                 + (_NULL if eid is None else dumps(eid)))
         values = []
         for etype, data in items:
-            head = _EVENT_HEADS.get(etype)
-            if head is None:
-                raise ValueError(f"unknown journal event type {etype!r}; see sessions.events")
+            try:
+                head = _EVENT_HEADS[etype]
+            except (KeyError, TypeError):
+                raise ValueError(f"unknown journal event type {etype!r}; see sessions.events") from None
             # (data already encoded by the caller: its bytes; see sessions.codec.Encoded)
             value = head + (data if data.__class__ is Encoded else dumps(data)) + tail
             if len(value) > MAX_EVENT_BYTES:
@@ -302,38 +307,54 @@ class Journal:
             values.append(value)
         # (No create-if-missing of the conversation: the emitted-count add below makes it
         # exist, see _check_conversation. Nothing read, so nothing for a retry to guard.)
+        count = len(values)
+        # The first of ``count`` orders reserved in ``tr`` (inline: 4 emits a turn).
+        try:
+            order = getattr(tr, _ORDER_ATTR, 0)
+            setattr(tr, _ORDER_ATTR, order + count)
+        except AttributeError:  # no attributes (slots): a weak map
+            order = _ORDER.get(tr, 0)
+            _ORDER[tr] = order + count
+        if order + count > MAX_EVENTS_PER_TRANSACTION:
+            raise TooLarge(f"more than {MAX_EVENTS_PER_TRANSACTION} journal events in one transaction")
         head, tail, emitted = keys
-        out: list[EventRef] = []
-        order = _next_order(tr, len(values))
-        if refs:
-            stamp = tr.get_versionstamp()
-            for (type, _), value in zip(items, values):
-                tr.set_versionstamped_key(head + order.to_bytes(2, "big") + tail, value)
-                out.append(EventRef(stamp, order, type))
-                order += 1
+        setk = tr.set_versionstamped_key
+        if order + count <= _ORDER_BYTES_CACHED:  # (the 2-byte orders from a table, not to_bytes)
+            for i, value in enumerate(values, order):
+                setk(head + _ORDER_BYTES[i] + tail, value)
         else:
-            for value in values:
-                tr.set_versionstamped_key(head + order.to_bytes(2, "big") + tail, value)
-                order += 1
-        tr.add(emitted, _ADD_ONE if len(values) == 1 else pack_i64(len(values)))
+            for i, value in enumerate(values, order):
+                setk(head + i.to_bytes(2, "big") + tail, value)
+        tr.add(emitted, _ADD_N[count] if count < _ADD_N_CACHED else pack_i64(count))
         if self.retention:  # (retention 0 keeps everything: no growth to track for the trimmer)
-            self._grown[ck] = n = self._grown.get(ck, 0) + len(values)
+            self._grown[ck] = n = self._grown.get(ck, 0) + count
             if n >= self.trim_slack:
                 self._due.add(ck)
                 self._grown_event.set()
+        if not refs:
+            return []
+        stamp = tr.get_versionstamp()
+        out: list[EventRef] = []
+        for etype, _ in items:
+            out.append(EventRef(stamp, order, etype))
+            order += 1
         return out
 
     def _append_keys(self, ck: tuple[str, str]) -> tuple[bytes, bytes, bytes]:
         """What every emit to conversation ``ck`` writes, remembered per conversation: an
         event key is ``head + order + tail`` (:func:`_stamped_event_key` split around the
         per-event order), and the emitted-count key. (A dict on the journal, not an
-        lru_cache on the method: that would keep every journal, and its database, alive.)"""
+        lru_cache on the method: that would keep every journal, and its database, alive.)
+        Built from the journal's packed prefix directly: a turn of the benchmark is a new
+        conversation, and ``keys.events``' Subspace and the other cached keys went unused."""
         keys = self._appends.get(ck)
         if keys is None:
             if len(self._appends) >= APPEND_KEYS_CACHE:
                 self._appends.clear()
-            key = _stamped_event_key(self.keys.events(*ck).raw_prefix, 0)
-            keys = self._appends[ck] = (key[:-6], key[-4:], self.keys.emitted(*ck))
+            journal = self.keys._journal(*ck)
+            prefix = journal + _EVENTS_PART
+            keys = self._appends[ck] = (prefix + _VS_CODE + _STAMP_PLACEHOLDER, _VS_OFFSET(len(prefix) + 1),
+                                        journal + _EMITTED_PART)
         return keys
 
     def note_committed(self, owner: OwnerLike, conversation: str) -> None:

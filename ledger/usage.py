@@ -49,27 +49,41 @@ PACKED_FIELD_BYTES = 12
 PACKED_LAYOUT = 1
 MAX_FIGURE = (1 << 63) - 1
 assert len(PACKED_FIELDS) * PACKED_FIELD_BYTES <= 100 and PACKED_FIELD_BYTES * 8 >= 64 + 32
-_PACKED_INDEX = {f: i for i, f in enumerate(PACKED_FIELDS)}
-_PACKED_ZERO = [0] * len(PACKED_FIELDS)
 
 
-def _packed(figures: Mapping[str, int]) -> "tuple[bytes | None, dict[str, int]]":
-    """``(operand, rest)``: the packed record's add operand for ``figures`` (None when none of
-    them is a packed field, or all of those are 0) and the figures kept in keys of their own."""
-    vals = None
+#: Each packed field's bit position in the record read as one little-endian int (its index x 96).
+_PACKED_SHIFT = {f: i * PACKED_FIELD_BYTES * 8 for i, f in enumerate(PACKED_FIELDS)}
+_PACKED_BYTES = PACKED_FIELD_BYTES * len(PACKED_FIELDS)
+
+
+def _checked_and_packed(usage: Mapping[str, int]) -> "tuple[dict[str, int], bytes | None, dict[str, int]]":
+    """``(figures, operand, rest)`` for record_tr, in one pass over ``usage`` (two model steps a
+    turn): ``figures`` the checked figures (non-negative ints below 2**63 under str names, not
+    the derived TOTAL_TOKENS); ``operand`` the packed record's add operand (None when no packed
+    field is non-zero), the record read as one little-endian int of _PACKED_BYTES with each
+    field at ``v << shift`` (a figure is at most MAX_FIGURE < 2**96, so fields never overlap:
+    the same bytes as each field's 12 bytes joined, with one ``to_bytes`` instead of one per
+    field); ``rest`` the non-zero figures of other fields (an int64 key each)."""
+    if len(usage) > MAX_USAGE_FIELDS:
+        raise ValueError(f"at most {MAX_USAGE_FIELDS} usage fields")
+    out: dict[str, int] = {}
     rest: dict[str, int] = {}
-    for k, v in figures.items():
-        i = _PACKED_INDEX.get(k)
-        if i is None:
+    total = 0
+    for k, v in usage.items():
+        shift = _PACKED_SHIFT.get(k)
+        if shift is None and (not isinstance(k, str) or not k or k == TOTAL_TOKENS):
+            raise ValueError(f"bad usage field {k!r}")
+        # (an int's class is int: the isinstance checks only for anything else, bool included)
+        if ((v.__class__ is not int and (isinstance(v, bool) or not isinstance(v, int)))
+                or v < 0 or v > MAX_FIGURE):
+            raise ValueError(f"usage field {k!r} must be a non-negative int below 2**63")
+        out[k] = v
+        if shift is None:
             if v:
                 rest[k] = v
-        elif v:
-            if vals is None:
-                vals = _PACKED_ZERO.copy()
-            vals[i] = v
-    if vals is None:
-        return None, rest
-    return b"".join([v.to_bytes(PACKED_FIELD_BYTES, "little") for v in vals]), rest
+        else:
+            total |= v << shift
+    return out, (total.to_bytes(_PACKED_BYTES, "little") if total else None), rest
 
 
 def decode_total(name: "str | int", value: bytes) -> dict[str, int]:
@@ -115,19 +129,6 @@ def check_limits(limits: Mapping[str, Any] | None) -> dict[str, int]:
     return out
 
 
-def _check_usage(usage: Mapping[str, int]) -> dict[str, int]:
-    if len(usage) > MAX_USAGE_FIELDS:
-        raise ValueError(f"at most {MAX_USAGE_FIELDS} usage fields")
-    out: dict[str, int] = {}
-    for k, v in usage.items():
-        if not isinstance(k, str) or not k or k == TOTAL_TOKENS:
-            raise ValueError(f"bad usage field {k!r}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > MAX_FIGURE:
-            raise ValueError(f"usage field {k!r} must be a non-negative int below 2**63")
-        out[k] = v
-    return out
-
-
 class UsageBook:
     def __init__(self, ledger: "Ledger") -> None:
         self.ledger = ledger
@@ -152,7 +153,7 @@ class UsageBook:
         moved, and the commit would not be made."""
         if not isinstance(step_id, str) or not step_id or len(step_id) > MAX_STEP_ID:
             raise ValueError("a step id is a non-empty string")
-        figures = _check_usage(usage)
+        figures, packed, rest = _checked_and_packed(usage)
         if not run_exists:
             await self.ledger._run(tr, run_id, snapshot=True)  # exists; no conflict with run-record writes
         marker = self.keys.usage_step(run_id, step_id)
@@ -163,7 +164,6 @@ class UsageBook:
                     raise UsageConflict(f"usage for step {step_id!r} of run {run_id!r} was recorded with other figures")
                 return False
         tr.set(marker, dumps(figures))
-        packed, rest = _packed(figures)
         if packed is not None:  # (the usual fields, whatever their number: one add)
             tr.add(self.keys.usage_packed_total(run_id), packed)
         for k, v in rest.items():

@@ -588,7 +588,7 @@ class Ledger:
                     lease.prepared = await claim.on_claimed(tr, lease)
                 finally:
                     lease.journal_after_start = None
-        ref = (await self.journal.emit_many_tr(tr, tag, conversation, items))[0]
+        ref = (await self.journal.emit_many_tr(tr, tag, conversation, items, first_ref_only=True))[0]
         # The record, its request and the position of its run.queued: one versionstamped value
         # (see _SUB_MARK). Unreadable in this transaction, which never reads it back.
         tr.set_versionstamped_value(sub_key, b"".join((

@@ -258,12 +258,13 @@ class Journal:
 
     async def emit_many_tr(self, tr: Any, owner: OwnerLike, conversation: str,
                            items: "Sequence[tuple[str, Any]]", *, eid: str | None = None,
-                           refs: bool = True) -> list[EventRef]:
+                           refs: bool = True, first_ref_only: bool = False) -> list[EventRef]:
         """:meth:`emit` for each ``(type, data)`` of ``items``, in order, in ``tr``: the same
         keys and values as that many emits, with the conversation checked and its emitted
         count bumped once for all of them. Not idempotent by itself (see :meth:`emit`).
         ``refs=False``: the caller wants no positions back (returns ``[]``; no awaitable
-        versionstamp is asked of the transaction for them). A ``data`` that is a
+        versionstamp is asked of the transaction for them); ``first_ref_only``: the first
+        event's position only (a one-element list; the submit's ``run.queued``). A ``data`` that is a
         :class:`sessions.codec.Encoded` is stored as its bytes (what encoding the value they
         encode would store)."""
         # A str owner found in _appends with this conversation was validated as a tag (and
@@ -334,6 +335,8 @@ class Journal:
         if not refs:
             return []
         stamp = tr.get_versionstamp()
+        if first_ref_only:
+            return [EventRef(stamp, order, items[0][0])]
         out: list[EventRef] = []
         for etype, _ in items:
             out.append(EventRef(stamp, order, etype))

@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import kv
 
-from .codec import CHUNK_SIZE, dumps, fastpack, loads, split_chunks
+from .codec import _SMALL_INTS, CHUNK_SIZE, dumps, fastpack, loads, pack_uint, split_chunks
 from .errors import InvalidState, NotFound, SessionConflict, TooLarge
 from .keyspace import SessionsKeyspace
 from .owners import OwnerLike, as_tag
@@ -78,12 +78,14 @@ COPY_BATCH_KEYS = 5_000
 COPY_BATCH_BYTES = 4_000_000
 MAX_SESSION_ID = 512
 _KEY_OVERHEAD = 64  # per message key, for the size estimate
+_CHUNK_0 = _SMALL_INTS[0]  # (a message key's last part: chunk 0, the only chunk of a message up to CHUNK_SIZE)
 HEAD_MEMO_ENTRIES = 256  # decoded session heads remembered by their bytes (Transcripts._checked_head)
 assert HEAD_MEMO_ENTRIES > 0
 
 
 def check_session_id(sid: str) -> str:
-    if not isinstance(sid, str) or not sid or len(sid) > MAX_SESSION_ID:
+    # (``__class__ is str`` first: a str needs no isinstance call; a str subclass still passes)
+    if (sid.__class__ is not str and not isinstance(sid, str)) or not sid or len(sid) > MAX_SESSION_ID:
         raise ValueError(f"a session id is a non-empty string of at most {MAX_SESSION_ID} characters")
     return sid
 
@@ -294,7 +296,8 @@ class Transcripts:
                 m = dict(m)
             data = dumps(m)
             encoded.append(data)
-            size += len(data) + _KEY_OVERHEAD * (1 + len(data) // CHUNK_SIZE)
+            k = len(data)
+            size += k + _KEY_OVERHEAD if k < CHUNK_SIZE else k + _KEY_OVERHEAD * (1 + k // CHUNK_SIZE)
         if size > MAX_APPEND_BYTES:
             raise TooLarge(f"append of {size} bytes exceeds {MAX_APPEND_BYTES}; append fewer messages at a time")
         if encoded_out is not None:
@@ -321,12 +324,13 @@ class Transcripts:
             raise SessionConflict(f"session {session_id!r} head is {n}, expected {expected_head}",
                                   expected=expected_head, actual=n)
         prefix = self.keys.messages(tag, session_id).raw_prefix
-        for i, data in enumerate(encoded):
+        for i, data in enumerate(encoded, n):
             if len(data) <= CHUNK_SIZE:  # (the common case: one chunk)
-                tr.set(fastpack(prefix, (n + i, 0)), data)
+                # fastpack(prefix, (i, 0)) inline: the tuple codes of seq i, then of 0
+                tr.set(prefix + (_SMALL_INTS[i] if i < 256 else pack_uint(i)) + _CHUNK_0, data)
                 continue
             for c, chunk in enumerate(split_chunks(data)):
-                tr.set(fastpack(prefix, (n + i, c)), chunk)
+                tr.set(fastpack(prefix, (i, c)), chunk)
         head["n"] = n + len(encoded)
         head["tok"] = token
         if mark is not None:

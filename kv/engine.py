@@ -331,10 +331,14 @@ class Engine:
         below the version of any batch the snapshot does not contain, and every
         later commit gets a higher version (``_next_version``).
         """
-        rv = max(snapshot_version, int(self.clock() * VERSIONS_PER_SECOND))
-        if self._applying_version is not None and snapshot_version < self._applying_version:
-            rv = min(rv, self._applying_version - 1)
-        rv = max(rv, snapshot_version)
+        # (one per transaction that reads: comparisons, not max/min calls)
+        rv = int(self.clock() * VERSIONS_PER_SECOND)
+        if rv < snapshot_version:
+            rv = snapshot_version
+        else:
+            applying = self._applying_version
+            if applying is not None and snapshot_version < applying <= rv:
+                rv = applying - 1  # (>= snapshot_version)
         if rv > self._max_read_version:
             self._max_read_version = rv
         return rv

@@ -414,15 +414,20 @@ class LmdbStore:
         # Closed snapshots are accounted in bulk (every publish does it too), not one
         # _maintain call per snapshot taken: until then their versions only hold the
         # dead-key purge's floor a little lower, and an old base a little longer.
-        if self._checkpoint_due or len(self._released) >= RELEASED_ACCOUNT_AT:
-            self._maintain()  # (may take a new base, which drops the shared view)
         # Every transaction taking a snapshot at the store's current version and base reads
         # the same thing: they share one view (~13 transactions a batch in 32 concurrent
         # turns), one more holder each, instead of an object, a finalizer and a count each.
+        # (Closed views queue one per version now, so the count test is only made here.)
         snap = self._shared
-        if snap is not None:
+        if snap is not None and not self._checkpoint_due:
             snap.holders += 1
             return snap
+        if self._checkpoint_due or len(self._released) >= RELEASED_ACCOUNT_AT:
+            self._maintain()  # (may take a new base, which drops the shared view)
+            snap = self._shared
+            if snap is not None:
+                snap.holders += 1
+                return snap
         version = self._version
         count = self._snap_counts.get(version)
         if count is None:

@@ -157,29 +157,35 @@ class LedgerKeyspace:
 
     # runs
     @lru_cache(maxsize=_CACHE)
+    def _run_part(self, run_id: str) -> bytes:
+        """``pack_str(run_id)``, packed once per run: a turn builds ~10 keys of its run (record,
+        lease, cancel, expiry, usage step and totals), most not cached themselves."""
+        return pack_str(run_id)
+
+    @lru_cache(maxsize=_CACHE)
     def run(self, run_id: str) -> bytes:
-        return self._b + _RUN + pack_str(run_id)
+        return self._b + _RUN + self._run_part(run_id)
 
     @lru_cache(maxsize=_CACHE)
     def outcome(self, run_id: str) -> "kv.Subspace":
-        return kv.Subspace(raw_prefix=self._b + _OUT + pack_str(run_id))
+        return kv.Subspace(raw_prefix=self._b + _OUT + self._run_part(run_id))
 
     def outcome_chunk(self, run_id: str, i: int) -> bytes:
         """``outcome(run_id).pack((i,))``, without making (and caching) the Subspace: a run's
         outcome is written once, by its settle, as one chunk when it fits, and waited on
         at chunk 0."""
-        return self._b + _OUT + pack_str(run_id) + pack_uint(i)
+        return self._b + _OUT + self._run_part(run_id) + pack_uint(i)
 
     @lru_cache(maxsize=_CACHE)
     def lease(self, run_id: str) -> bytes:
-        return self._b + _RL + pack_str(run_id)
+        return self._b + _RL + self._run_part(run_id)
 
     @lru_cache(maxsize=_CACHE)
     def cancel(self, run_id: str) -> bytes:
-        return self._b + _CX + pack_str(run_id)
+        return self._b + _CX + self._run_part(run_id)
 
     def ready(self, ready_us: int, run_id: str) -> bytes:
-        return self._rd + pack_uint(ready_us) + pack_str(run_id)
+        return self._rd + pack_uint(ready_us) + self._run_part(run_id)
 
     def ready_range(self) -> slice:
         return self._ready_range
@@ -189,7 +195,7 @@ class LedgerKeyspace:
         return self.base.range(("rl",))
 
     def expiry(self, expires_us: int, run_id: str) -> bytes:
-        return self._lx + pack_uint(expires_us) + pack_str(run_id)
+        return self._lx + pack_uint(expires_us) + self._run_part(run_id)
 
     def expiry_range(self) -> slice:
         return self._expiry_range
@@ -198,18 +204,19 @@ class LedgerKeyspace:
         return self._signal
 
     # usage
-    @lru_cache(maxsize=_CACHE)
     def usage_step(self, run_id: str, step_id: str) -> bytes:
-        return self._b + _U + pack_str(run_id) + _S + pack_str(step_id)
+        # (Not cached: a step's marker is written once, by the step's own commit, and read
+        # only by a retry or a repeated record; a cache miss costs more than packing.)
+        return self._b + _U + self._run_part(run_id) + _S + pack_str(step_id)
 
     @lru_cache(maxsize=_CACHE)
     def usage_total(self, run_id: str, field: str) -> bytes:
-        return self._b + _U + pack_str(run_id) + _T + pack_str(field)
+        return self._b + _U + self._run_part(run_id) + _T + pack_str(field)
 
     def usage_packed_total(self, run_id: str) -> bytes:
         """``("u", run_id, "t", 1)``: the packed totals record (ledger.usage.PACKED_LAYOUT).
         Not cached: built once per model step, from the step marker's cached prefix parts."""
-        return self._b + _U + pack_str(run_id) + _T + _PACKED1
+        return self._b + _U + self._run_part(run_id) + _T + _PACKED1
 
     @lru_cache(maxsize=_CACHE)
     def usage_totals_range(self, run_id: str) -> slice:

@@ -26,7 +26,7 @@ import kv
 from kv import KVError
 from kv.engine import Engine
 from kv.lmdb_engine import LmdbStore
-from kv.wal import WalCorrupt, list_segments
+from kv.wal import WalCorrupt, list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 1234  # of the random model test (a stress run sets others)
@@ -103,6 +103,9 @@ async def test_a_log_written_before_flat_records_still_replays(tmp_path):
     path = tmp_path / "data"
     _crash_after_commits(path, 10)  # flat records, versions below the ones appended here
     _, newest = list_segments(path / "wal")[-1]
+    _, end, torn = read_segment(newest)
+    assert not torn
+    os.truncate(newest, end)  # as such a log was: no preallocated tail after its records
     base = 1 << 52  # above every version the child committed (versions are clock-based)
     with open(newest, "ab") as f:
         f.write(encode_record(base + 1, [[layout.SET, b"old/a", b"1"], [layout.SET, b"old/b", b"2"],
@@ -186,7 +189,7 @@ async def test_a_failed_log_write_stops_commits_but_not_reads_until_reopened(tmp
         failures = []
         # The sync fails after the record reached the page cache: with O_DSYNC the
         # write itself reports it, otherwise the fdatasync after it.
-        name = "write" if kv.wal.SYNC_OPEN_FLAG else "fdatasync"
+        name = "pwrite" if kv.wal.SYNC_OPEN_FLAG else "fdatasync"
         real = getattr(os, name)
 
         def failing(fd, *args):

@@ -39,9 +39,15 @@ Key (under root["l"])              Value
 ("out", run_id, i)                 chunk i of the CBOR outcome of a settled run without "out"
                                    (a larger outcome; every outcome settled before session 17)
 ("rl", run_id)                     CBOR lease {"token", "worker", "expires_at", "expires_us",
-                                   "nonce"}: present iff the run is running; every worker
-                                   write reads it (the fencing check)
-("cx", run_id)                     CBOR cancel record {"at", "reason"}: durable, watchable
+                                   "nonce", "cancel"?}: present iff the run is running; every
+                                   worker write reads it (the fencing check). "cancel": True
+                                   (absent otherwise) once the run's cancel record exists: a
+                                   cancel of a running run rewrites its lease with it (same
+                                   token and expiry), a renewal keeps it, a claim or takeover
+                                   sets it from the cancel record; so the worker's lease read
+                                   is also its read of the cancel request
+("cx", run_id)                     CBOR cancel record {"at", "reason"}: durable (never
+                                   cleared), watchable; the keeper's poll and waiters read it
 ("rd", ready_us, run_id)           b"": ready index — runnable runs (only conversation heads),
                                    oldest first; claim reads a small window of it
 ("lx", expires_us, run_id)         b"": lease-expiry index — running runs by expiry; claim

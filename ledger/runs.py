@@ -27,9 +27,16 @@ Runs (promises 4, 5, 6)
 Cancellation (promise 7)
     :meth:`Ledger.cancel` writes a durable cancel record. A run that never
     started settles cancelled at once; a parked one is made runnable so a
-    worker finalizes it; a running one's worker sees the record at its next
-    boundary (:meth:`Ledger.is_cancel_requested` in its transaction) or wakes
-    on :meth:`Ledger.wait_cancel_requested`.
+    worker finalizes it; a running one's lease record is rewritten with
+    ``"cancel": True`` in the same transaction (same token and expiry), so its
+    worker sees the request at its next boundary in the lease its
+    :meth:`Ledger.check_lease` reads anyway (one read a worker write, not two:
+    a cancel committed after that read rewrote the key it read, so the write
+    conflicts and its retry sees the flag), or wakes on
+    :meth:`Ledger.wait_cancel_requested`. Every lease written keeps the flag:
+    a renewal rewrites the record it read, a claim or takeover sets it from the
+    cancel record (which it reads), and a release, park or settle clears the
+    lease (the cancel record stays, for the next claim).
 
 Clock
     Lease expiries are persisted, so they must mean the same thing after a
@@ -775,6 +782,14 @@ class Ledger:
             tr.clear(row.key)
             lease_rec = {"token": token, "worker": worker_id, "expires_at": expires_at,
                          "expires_us": expires_us, "nonce": nonce}
+            # The lease carries the cancel request (see _cancel_tr): from the lease taken over
+            # when it says so (the cancel record is never cleared), else from the cancel record,
+            # read here (a real read: a cancel committing meanwhile, which writes it, makes this
+            # claim conflict). A queued run never claimed has none (its cancel settled it), but
+            # the read is kept for it too: a claim is once a run, and the flag must not hang on
+            # that reasoning.
+            if (old_lease is not None and old_lease.get("cancel")) or await self.is_cancel_requested(tr, run_id):
+                lease_rec["cancel"] = True
             lease_raw = dumps(lease_rec)
             tr.set(self.keys.lease(run_id), lease_raw)
             tr.set(self.keys.expiry(expires_us, run_id), b"")
@@ -816,7 +831,10 @@ class Ledger:
         """Raise :class:`LeaseLost` unless ``lease`` still holds its run, *as of this
         transaction*: the read makes a concurrent takeover abort this transaction.
         Returns the lease record read (read-only: decoded once per stored value and kept
-        in ``lease.seen``, so the same dict may be returned again)."""
+        in ``lease.seen``, so the same dict may be returned again). Its ``"cancel"`` is True
+        once a cancel of the run was requested (see :meth:`_cancel_tr`): the caller's
+        transaction learns of a cancel from this read, and one committed after it rewrote
+        the lease, so the transaction conflicts and its retry sees it."""
         raw = await tr.get(self.keys.lease(lease.run_id))
         if raw is None:
             raise LeaseLost(f"lease {lease.token} on run {lease.run_id!r} was lost")
@@ -845,6 +863,7 @@ class Ledger:
             expires_us = int(expires_at * 1e6)
             tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
             tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
+            # The record read, updated: its other fields ("cancel" too) are kept.
             rec.update(expires_at=expires_at, expires_us=expires_us)
             tr.set(self.keys.lease(lease.run_id), dumps(rec))
             return expires_at
@@ -875,7 +894,7 @@ class Ledger:
                     continue
                 tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
                 tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
-                rec.update(expires_at=expires_at, expires_us=expires_us)
+                rec.update(expires_at=expires_at, expires_us=expires_us)  # ("cancel" kept)
                 tr.set(key, dumps(rec))
                 extended[lease.run_id] = expires_at
             return lost, extended
@@ -1062,6 +1081,20 @@ class Ledger:
         ck = self.keys.cancel(run_id)
         if await tr.get(ck) is None:
             tr.set(ck, dumps({"at": self.clock(), "reason": reason}))
+        if run["state"] == RUNNING:
+            # The running run's lease says so too ("cancel": True, same token and expiry): its
+            # worker's every write reads the lease (check_lease) and learns of the request
+            # there, instead of reading the cancel record as well. Rewriting the lease makes a
+            # worker transaction that read it before this commit conflict, as the cancel
+            # record's read did (promise 7: its retry settles cancelled). A renewal keeps the
+            # field; a claim (a takeover too) sets it from the cancel record or the old lease.
+            lk = self.keys.lease(run_id)
+            raw = await tr.get(lk)
+            if raw is not None:
+                rec = loads(raw)
+                if not rec.get("cancel"):
+                    rec["cancel"] = True
+                    tr.set(lk, dumps(rec))
         if run["state"] == QUEUED and run["claims"] == 0:
             await self._finish_tr(tr, run, cancelled(reason))
         elif run["state"] == PARKED:

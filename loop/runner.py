@@ -13,10 +13,11 @@ then repeats, until the run settles or parks:
   *before* the wait), compacted once on overflow.
 
 Every write is one transaction that checks the run's lease (ledger fencing:
-a worker whose lease was taken over fails its next write and stops), reads
-the cancel record (a cancel is seen at every boundary), and is guarded by
-the loop state's version + token (a retry after ``commit_unknown_result``
-recognises its own commit).  Messages are appended to the transcript as they
+a worker whose lease was taken over fails its next write and stops), learns
+from that same lease record whether a cancel was requested (the ledger
+carries the request in the lease: a cancel is seen at every boundary), and
+is guarded by the loop state's version + token (a retry after
+``commit_unknown_result`` recognises its own commit).  Messages are appended to the transcript as they
 end, each in the transaction that journals it.  A storage failure aborts the
 turn (the lease lapses; the run is re-claimed and resumes from storage).
 
@@ -388,8 +389,10 @@ class Runner:
     ) -> bool:
         """One guarded, lease-checked transaction: append, update the loop state, journal.
 
-        The run's cancel record is read in every attempt (a cancel committed
-        meanwhile makes the attempt conflict and retry); while ``mutate``,
+        The run's cancel request is read in every attempt, from the lease record
+        the lease check reads (``"cancel"``: a cancel of a running run rewrites
+        its lease, so one committed meanwhile makes the attempt conflict and
+        retry, as reading the cancel record did); while ``mutate``,
         ``events`` and ``extra`` run, ``self._txn_cancel`` says whether it is
         set, so a commit that would settle settles cancelled instead, and one
         that would start a tool doesn't.  With ``abort_on_cancel`` the commit is
@@ -417,8 +420,8 @@ class Runner:
         (``Ledger.settle_tr`` given this attempt's lease record), and a model
         step's usage is recorded without reading its marker
         (``UsageBook.record_tr``'s ``new``: the step is named by the state this
-        commit moves past it).  The lease check itself, and the cancel record, are
-        always read.
+        commit moves past it).  The lease check itself (which carries the cancel
+        request) is always read.
         """
         assert self.state is not None
         # One commit at a time (a slow call's flusher vs. this task; see __init__). Uncontended,
@@ -454,7 +457,13 @@ class Runner:
                         if st is not None and st.ver == expected_ver + 1 and st.tok == token:
                             return st  # our own commit, seen again after commit_unknown_result
                         raise _StateMoved(f"loop state of {self.run_id} moved")
-                self._txn_cancel = await store.cancel_requested(tr, self.run_id)
+                # The cancel request as the lease carries it (ledger.runs: a cancel of a running
+                # run rewrites its lease, a claim sets it from the cancel record): the lease check
+                # above is its read. (A check that returns no record, as the simulator's bite of a
+                # skipped lease check does, leaves the cancel record to read.)
+                rec = self._txn_lease
+                self._txn_cancel = (rec.get("cancel", False) if rec is not None
+                                    else await store.cancel_requested(tr, self.run_id))
                 if self._txn_cancel:
                     self._note_cancel()
                     if abort_on_cancel:
@@ -563,10 +572,11 @@ class Runner:
         What :meth:`_begin_fresh` does in a transaction of its own — repair what
         earlier runs left dangling, append the user message, create the loop
         state, journal ``message.added`` — committed together with the lease and
-        ``run.started`` instead: one commit per run less, and the state,
-        transcript and cancel record are read here rather than in a separate
-        read-only transaction.  Lease-checked by construction (the lease is
-        written in this very transaction); guarded by the claim's nonce (a
+        ``run.started`` instead: one commit per run less, and the state and
+        transcript are read here rather than in a separate read-only transaction
+        (the cancel request too: the claim read it into the lease it wrote).
+        Lease-checked by construction (the lease is written in this very
+        transaction); guarded by the claim's nonce (a
         retry that finds its committed claim skips this hook, and the runner
         then finds the loop state and recovers) and by the loop state's absence.
         None (nothing written) when the run already has a loop state (a
@@ -589,7 +599,8 @@ class Runner:
                 return None
             messages = [m.data for m in page.messages]
             base = page.start
-        cancel = False if new_run else await store.cancel_requested(tr, run_id)
+        # (the claim read the cancel record into the lease it wrote in this transaction)
+        cancel = False if new_run else await _claimed_cancel(store, tr, claim)
         first_seq = base + len(messages)
         appended = [_user_message(claim.delivery)]
         if messages:  # (a new conversation has nothing dangling)
@@ -1315,7 +1326,7 @@ class Runner:
         first (a context longer than a page is rare; the claim stays one transaction).
         """
         run_id, owner, conv = claim.run_id, claim.owner, claim.conversation
-        cancel = await store.cancel_requested(tr, run_id)
+        cancel = await _claimed_cancel(store, tr, claim)
         raw = await tr.get(store.loop_keys.state(run_id))
         if raw is None:  # it never got as far as its first write
             return _Finished(await store.settle(tr, claim, _exhausted_outcome(claim, cancel)))
@@ -1376,6 +1387,17 @@ class Runner:
         await self._commit(append=results, events=lambda seq: _cancelled_events(self.run_id, seq, results, st),
                            extra=extra)
         raise RunStopped("settled cancelled")
+
+
+async def _claimed_cancel(store: Any, tr: Any, claim: "Claim") -> bool:
+    """Inside the claiming transaction: whether a cancel of the run is requested, as the
+    lease the claim wrote in it says (``Ledger.claim`` set its ``"cancel"`` from the cancel
+    record, read in this transaction); the cancel record itself when that lease is not at
+    hand (no claim of ours leaves it so)."""
+    seen = claim.lease.seen
+    if seen is not None and seen[1].get("token") == claim.lease.token:
+        return bool(seen[1].get("cancel", False))
+    return await store.cancel_requested(tr, claim.run_id)
 
 
 # ---------------------------------------------------------------------- transcript helpers

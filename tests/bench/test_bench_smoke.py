@@ -60,6 +60,7 @@ def test_ledger_bench_reports_the_issue_figures():
 
 def test_turns_bench_reports_the_issue_figures():
     fig = run_bench("bench_turns.py", "--quick")
+    assert len(fig["conc_turns_per_s_rounds"]) == fig["conc_rounds"] >= 1
     _positive(fig, "seq_turns_per_s", "seq_p50_ms", "seq_p99_ms", "conc_turns_per_s", "conc_p50_ms",
               "conc_p99_ms", "commits_per_turn", "fsyncs_per_turn_seq", "bytes_per_turn")
     assert fig["concurrent"] == 32

@@ -20,9 +20,10 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import trio
 
-from .errors import ProviderError, StreamBrokenError, TransientProviderError, classify_exception
+from .errors import ProviderError, TransientProviderError
 from .messages import Message
-from .providers.base import Finish, Provider, ResponseBuilder, StreamEvent, ToolSpec, _is_output, stream_model
+from .providers.base import (Finish, Provider, ResponseBuilder, StreamEvent, ToolSpec, _is_output, stream_failure,
+                             stream_model, stream_unfinished)
 from .retry import DEFAULT_RETRY_POLICY, RetryPolicy
 
 __all__ = ["RetryNotice", "call_model", "Clock", "SYSTEM_CLOCK", "trio_now"]
@@ -205,14 +206,10 @@ async def _read_sync(
                 ev = next(it)
             except StopIteration:
                 break
-            except ProviderError as e:
-                if output and not isinstance(e, StreamBrokenError):
-                    raise StreamBrokenError(f"stream failed after output: {e.message}", cause=e) from e
-                raise
             except Exception as e:  # noqa: BLE001 — classified as stream_model classifies it
-                err = classify_exception(e, provider=getattr(provider, "name", None))
-                if output:
-                    raise StreamBrokenError(f"stream failed after output: {err.message}", cause=err) from e
+                err = stream_failure(provider, e, output)
+                if err is e:
+                    raise
                 raise err from e
             if isinstance(ev, Finish):
                 finished = True
@@ -228,11 +225,7 @@ async def _read_sync(
         if aclose is not None:
             await aclose()
     if not finished:
-        err = classify_exception(ConnectionError("stream ended without a finish event"),
-                                 provider=getattr(provider, "name", None))
-        if output:
-            raise StreamBrokenError(f"stream ended early: {err.message}", cause=err)
-        raise err
+        raise stream_unfinished(provider, output)
 
 
 async def _read(

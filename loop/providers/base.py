@@ -281,24 +281,40 @@ async def stream_model(
                 elif not output and _is_output(ev):  # (once output, always: no need to ask again)
                     output = True
                 yield ev
-    except ProviderError as e:
-        if output and not isinstance(e, StreamBrokenError):
-            raise StreamBrokenError(f"stream failed after output: {e.message}", cause=e) from e
-        raise
-    except (Exception,) as e:  # noqa: BLE001 — classified here, in one place
-        err = classify_exception(e, provider=getattr(provider, "name", None))
-        if output:
-            raise StreamBrokenError(f"stream failed after output: {err.message}", cause=err) from e
+    except Exception as e:  # noqa: BLE001 — classified in one place, stream_failure
+        err = stream_failure(provider, e, output)
+        if err is e:
+            raise
         raise err from e
     finally:
         aclose = getattr(agen, "aclose", None)
         if aclose is not None:
             await aclose()
     if not finished:
-        err = classify_exception(ConnectionError("stream ended without a finish event"), provider=getattr(provider, "name", None))
-        if output:
-            raise StreamBrokenError(f"stream ended early: {err.message}", cause=err)
-        raise err
+        raise stream_unfinished(provider, output)
+
+
+def stream_failure(provider: Provider, e: Exception, output: bool) -> ProviderError:
+    """What a provider stream's failure ``e`` is reported as: a ``ProviderError`` as it is,
+    anything else classified (connection errors transient, the rest permanent), and either
+    one a ``StreamBrokenError`` carrying it once output was streamed. ``stream_model`` and
+    ``loop.calls``' reader of unwaiting streams both report through this."""
+    if isinstance(e, ProviderError):
+        if output and not isinstance(e, StreamBrokenError):
+            return StreamBrokenError(f"stream failed after output: {e.message}", cause=e)
+        return e
+    err = classify_exception(e, provider=getattr(provider, "name", None))
+    if output:
+        return StreamBrokenError(f"stream failed after output: {err.message}", cause=err)
+    return err
+
+
+def stream_unfinished(provider: Provider, output: bool) -> ProviderError:
+    """The error of a stream that ended without :class:`Finish` (broken once output came)."""
+    err = classify_exception(ConnectionError("stream ended without a finish event"), provider=getattr(provider, "name", None))
+    if output:
+        return StreamBrokenError(f"stream ended early: {err.message}", cause=err)
+    return err
 
 
 class ResponseBuilder:

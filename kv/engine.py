@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import random
 import time
+import types
 from operator import attrgetter
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import trio
 from trio._core import _run as _trio_run  # the run state: see _deliver (trio is pinned in pyproject.toml)
 from trio.lowlevel import reschedule, wait_task_rescheduled
+from outcome import Value
 
 from .errors import KVError
 from .limits import MAX_BATCH_BYTES, MAX_BATCH_TRANSACTIONS, MAX_WATCHES, MVCC_WINDOW_VERSIONS, VERSIONS_PER_SECOND
@@ -207,11 +209,43 @@ def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
+# A committer parks once per commit (``Engine.commit``), woken by its batch's
+# ``_deliver``. trio's own pair (``wait_task_rescheduled`` / ``reschedule``) builds
+# a trap message, a coroutine and a ``Value(None)`` per park and unwraps the value:
+# ~4 calls a commit that say nothing here, since the park refuses cancellation
+# (``_refuse_abort``), so the only thing it is ever sent is "woken". So the
+# engine yields one shared trap message itself (trio reads only its
+# ``abort_func``) and wakes with one shared value (``_WOKEN``); anything else
+# sent in (nothing in this module sends anything else) is still unwrapped, so an
+# error would be raised, as trio's call would. trio is pinned (pyproject.toml);
+# on a trio without the private trap class the engine parks through the public call.
+try:
+    from trio._core._traps import WaitTaskRescheduled as _WaitTaskRescheduled
+except ImportError:  # pragma: no cover (another trio)
+    _WaitTaskRescheduled = None
+
+_WOKEN = Value(None)  # never unwrapped: compared by identity (_park)
+
+if _WaitTaskRescheduled is not None:
+    _PARK_MESSAGE = _WaitTaskRescheduled(_refuse_abort)
+
+    @types.coroutine
+    def _park():
+        """``await trio.lowlevel.wait_task_rescheduled(_refuse_abort)``, one generator deep."""
+        sent = yield _PARK_MESSAGE
+        if sent is not _WOKEN:
+            return sent.unwrap()
+        return None
+else:  # pragma: no cover
+    async def _park():
+        return await wait_task_rescheduled(_refuse_abort)
+
+
 def _wake(req: "CommitRequest") -> None:
     """Reschedule ``req``'s parked task, if it is parked (at most once per park)."""
     task, req.task = req.task, None
     if task is not None:
-        reschedule(task)
+        reschedule(task, _WOKEN)
 
 
 def _ahead_share(pending: int, out: int) -> int:
@@ -425,7 +459,7 @@ class Engine:
                     await trio.lowlevel.cancel_shielded_checkpoint()
             else:
                 req.task = _trio_run.GLOBAL_RUN_CONTEXT.task  # (current_task() without the call)
-                await wait_task_rescheduled(_refuse_abort)
+                await _park()
         if req.error is not None:
             raise req.error
 
@@ -565,7 +599,7 @@ class Engine:
             req.done = True
             task, req.task = req.task, None
             if task is not None:
-                resched(task)
+                resched(task, _WOKEN)
 
     def _fail(self, batch: list[CommitRequest], version: int, exc: BaseException) -> None:
         """A crash or a storage failure: nobody in the batch committed (or knows)."""

@@ -15,7 +15,7 @@ never hand one owner another's record. Foreign == missing: the same
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from .errors import InvalidOwner
@@ -47,14 +47,18 @@ class Owner:
 
     realm: str
     subject: str
+    #: ``realm/subject``, made once (not a field of equality, hashing or repr): as_tag asks for
+    #: it on every request (a submit's checks), and the f-string cost as much as the rest of it.
+    _tag: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_part("realm", self.realm)
         _check_part("subject", self.subject)
+        object.__setattr__(self, "_tag", f"{self.realm}/{self.subject}")
 
     @property
     def tag(self) -> str:
-        return f"{self.realm}/{self.subject}"
+        return self._tag
 
     @classmethod
     def from_tag(cls, tag: str) -> "Owner":
@@ -100,5 +104,5 @@ def as_tag(owner: OwnerLike) -> str:
     if type(owner) is str:
         return _valid_tag(owner)
     if isinstance(owner, Owner):
-        return owner.tag
+        return owner._tag  # (the attribute, not the property: one call less)
     return parse_tag(owner).tag

@@ -22,13 +22,19 @@ Key (under root["l"])              Value
 ("o", T, "sbc", sid)               12 bytes (versionstamped value): position of its run.queued,
                                    written only with records of the older layout (read only)
 ("o", T, "cs", conv)               CBOR conversation state {"active": run id | None, "tail": next
-                                   FIFO sequence}; "active" is the one run allowed to be
+                                   history sequence}; "active" is the one run allowed to be
                                    ready/running/parked; it moves in the transaction that
                                    settles the active run, so it is never stale
-("o", T, "q", conv, seq)           run id: the conversation's FIFO of unsettled runs that were
-                                   queued behind an active run at their submit (a run active
-                                   from its submit has none: its run record says "q": False)
-("o", T, "h", conv, seq)           run id: every run of the conversation, in order (history)
+("o", T, "q", conv, seq)           run id: read only (cleared by its run's settle): the FIFO
+                                   entry older code wrote for a run queued behind an active
+                                   run (its run record has no "q"); since session 18 no run
+                                   has one (its record says "q": False)
+("o", T, "h", conv, seq)           run id: every run of the conversation, in order (history).
+                                   The conversation's FIFO is its history after the active
+                                   run: the settle of the active run makes the first
+                                   unsettled run after it active (runs cancelled while
+                                   queued are skipped; every run before the active one is
+                                   settled)
 ("run", run_id)                    CBOR run {"id", "owner", "conversation", "submission_id",
                                    "seq", "state", "attempt", "claims", "max_attempts",
                                    "created", "updated", "limits", "rd", "settled_token",

@@ -12,8 +12,9 @@ Submissions (promise 1)
 Runs (promises 4, 5, 6)
     States: queued -> running -> completed | failed | cancelled, and
     running -> parked (awaiting approval) -> queued. One run per conversation
-    is *active* (held in the conversation state; the FIFO holds the runs queued
-    behind it, in order); only an active queued run is in the ready
+    is *active* (held in the conversation state; the FIFO, the runs queued
+    behind it in order, is the conversation's history after it); only an
+    active queued run is in the ready
     index, so :meth:`Ledger.claim` reads a small window of that index (and of
     the lease-expiry index) whatever the number of idle conversations. A claim
     writes a lease with a fencing token; every worker write calls
@@ -97,6 +98,9 @@ MAX_LEASE_SECONDS = 3_600.0
 CLAIM_WINDOW = 32
 #: Leases :meth:`Ledger.renew_many` extends in one transaction (far under 5 s and 10 MB).
 MAX_RENEW_BATCH = 1_000
+#: History entries a settle reads at a time looking for the conversation's next unsettled
+#: run (see Ledger._next_in_fifo): runs cancelled while queued are the only ones it skips.
+FIFO_WINDOW = 8
 #: A claim that finds only exhausted/stale entries gives up after this many transactions.
 MAX_CLAIM_SKIPS = 64
 #: The request (delivery + schema) is stored with the submission; refuse absurd ones up front.
@@ -540,19 +544,15 @@ class Ledger:
                "seq": seq, "state": QUEUED, "attempt": 0, "claims": 0, "max_attempts": max_attempts,
                "created": now, "updated": now, "limits": dict(limits) if limits else {}, "rd": None,
                "settled_token": None, "released_token": None, "error": None}
-        fifo_key, history_key = self.keys.fifo_and_history(tag, conversation, seq)
-        rid = run_id.encode()
+        # The history entry is the run's only queue entry: the conversation's FIFO is its
+        # history after the active run (see _finish_tr), so no ("q", ...) key is written
+        # (one mutation a queued submit, and its clear at the run's settle, less than the
+        # separate FIFO entry written before session 18). "q": False tells the settle there
+        # is no FIFO entry to clear (records without the field, written before this, have one).
+        tr.set(self.keys.history(tag, conversation, seq), run_id.encode())
+        run["q"] = False
         lease_rec: dict[str, Any] | None = None
-        if cs["active"] is not None:
-            tr.set(fifo_key, rid)  # queued behind the active run
-        tr.set(history_key, rid)
         if cs["active"] is None:
-            # Active at once: no FIFO entry. The FIFO is read only for the run to make active
-            # when the active one settles, and that is never the settling run itself; an
-            # entry here was written and cleared within the run for nothing (two mutations a
-            # run). "q": False tells the settle there is none to clear (records without the
-            # field, of runs queued behind another or written before this, have one).
-            run["q"] = False
             cs["active"] = run_id
             if claim is None:
                 self._make_ready(tr, run)
@@ -1040,26 +1040,19 @@ class Ledger:
         cs_key = self.keys.conversation_state(tag, conv)
         cs = loads(await tr.get(cs_key))
         if cs["active"] == run_id:
-            # The FIFO holds the runs queued behind the active run (higher seqs: a submit takes
-            # seq ``tail``, and the next active is always the lowest entry; the active run's
-            # own entry, if it has one, was cleared above), so
-            # when the active run is the last one submitted (its seq is ``tail - 1``, the
-            # usual case) nothing waits and the range read is skipped: it was ~4% of a turn's
-            # CPU. A submit racing with this settle writes ``cs``, which this transaction read:
-            # it conflicts either way.
-            if run["seq"] + 1 == cs["tail"]:
-                nxt = []
-            else:
-                fr = self.keys.fifo_range(tag, conv)
-                nxt = await tr.get_range(fr.start, fr.stop, limit=1)
+            # The FIFO is the conversation's history after the active run (higher seqs: a
+            # submit takes seq ``tail``; see _next_in_fifo), so when the active run is the last
+            # one submitted (its seq is ``tail - 1``, the usual case) nothing waits and the
+            # range read is skipped: it was ~4% of a turn's CPU. A submit racing with this
+            # settle writes ``cs``, which this transaction read: it conflicts either way.
             cs["active"] = None
-            if nxt:
-                nxt_id = nxt[0].value.decode()
-                cs["active"] = nxt_id
-                nrun = await self._run(tr, nxt_id)
-                if nrun["state"] == QUEUED:
-                    self._make_ready(tr, nrun)
-                    self._put_run(tr, nrun)
+            if run["seq"] + 1 != cs["tail"]:
+                nrun = await self._next_in_fifo(tr, tag, conv, run["seq"])
+                if nrun is not None:
+                    cs["active"] = nrun["id"]
+                    if nrun["state"] == QUEUED:
+                        self._make_ready(tr, nrun)
+                        self._put_run(tr, nrun)
             tr.set(cs_key, dumps(cs))
         data: dict[str, Any] = {"run_id": run_id, "status": status, "error": outcome.get("error")}
         result = outcome.get("result")
@@ -1071,6 +1064,27 @@ class Ledger:
             else:
                 data["result_truncated"] = True
         await self.journal.emit(tr, tag, conv, ev.RUN_SETTLED_EVENTS[status], data, before=events_before)
+
+    async def _next_in_fifo(self, tr: Any, tag: str, conv: str, seq: int) -> dict[str, Any] | None:
+        """The run to make active after the settling active run ``seq``: the first unsettled
+        run of the conversation's history after it (None: none). The conversation's FIFO is
+        its history after the active run: every run before the active one is settled (runs
+        become active in history order, one at a time), and a run after it is queued, or
+        settled when it was cancelled while queued (skipped here, each once: the next active
+        run is after it). The history holds every run, so this also finds the runs queued
+        by older code (which wrote a FIFO entry too, cleared by their settle)."""
+        start = self.keys.history(tag, conv, seq + 1)
+        stop = self.keys.history_range(tag, conv).stop
+        limit = 1  # the usual case: the next run is the next entry (then a window at a time)
+        while True:
+            rows = await tr.get_range(start, stop, limit=limit)
+            for row in rows:
+                nrun = await self._run(tr, row.value.decode())
+                if nrun["state"] not in SETTLED_STATES:
+                    return nrun
+            if len(rows) < limit:
+                return None
+            start, limit = rows[-1].key + b"\x00", FIFO_WINDOW
 
     # -- cancel -------------------------------------------------------------
 

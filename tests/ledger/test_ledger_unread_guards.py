@@ -129,18 +129,20 @@ async def _fifo_ids(db, L, conv="c"):
 
 
 async def test_a_run_active_from_its_submit_has_no_fifo_entry_and_the_queue_still_advances(db, clock):
+    # (Session 18: no run gets a FIFO entry any more, queued or not: the FIFO is the history
+    # after the active run; tests/ledger/test_s18_fifo_in_history.py.)
     s, L = make(db, clock)
     a, lease_a = await L.submit_and_claim("a", {}, None, owner=OWNER, conversation="c", worker_id="w")
     b = await L.submit("b", {}, None, owner=OWNER, conversation="c")
     c = await L.submit("c", {}, None, owner=OWNER, conversation="c")
-    assert await _fifo_ids(db, L) == [b.run_id, c.run_id]  # a: active at once, no entry
+    assert await _fifo_ids(db, L) == []
     assert await L.claim("w2", lease_seconds=10) is None  # b and c wait behind a
     await L.settle(lease_a, completed("a"))
     assert await L.active_run(OWNER, "c") == b.run_id
     lease_b = await L.claim("w2", lease_seconds=10)
     assert lease_b.run_id == b.run_id
     await L.settle(lease_b, completed("b"))
-    assert await _fifo_ids(db, L) == [c.run_id]
+    assert await _fifo_ids(db, L) == []
     lease_c = await L.claim("w2", lease_seconds=10)
     assert lease_c.run_id == c.run_id
     await L.settle(lease_c, completed("c"))
@@ -148,7 +150,7 @@ async def test_a_run_active_from_its_submit_has_no_fifo_entry_and_the_queue_stil
     # queued runs cancelled behind an active one, and an active unclaimed one, leave no entry
     d = await L.submit("d", {}, None, owner=OWNER, conversation="c")
     e = await L.submit("e", {}, None, owner=OWNER, conversation="c")
-    assert await _fifo_ids(db, L) == [e.run_id]
+    assert await _fifo_ids(db, L) == []
     await L.cancel(e.run_id)
     await L.cancel(d.run_id)
     assert await _fifo_ids(db, L) == [] and await L.active_run(OWNER, "c") is None
@@ -172,11 +174,11 @@ async def test_an_active_run_stored_with_a_fifo_entry_by_the_older_layout_clears
         tr.set(L.keys.fifo(_tag(), "c", run["seq"]), a.run_id.encode())
 
     await db.transact(older_layout)
-    assert await _fifo_ids(db, L) == [a.run_id, b.run_id]
+    assert await _fifo_ids(db, L) == [a.run_id]  # (b: no entry since session 18)
     lease_a = await L.claim("w", lease_seconds=10)
     assert lease_a.run_id == a.run_id
     await L.settle(lease_a, completed("a"))
-    assert await _fifo_ids(db, L) == [b.run_id]
+    assert await _fifo_ids(db, L) == []
     assert await L.active_run(OWNER, "c") == b.run_id
     lease_b = await L.claim("w", lease_seconds=10)
     assert lease_b.run_id == b.run_id

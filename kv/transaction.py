@@ -1205,7 +1205,8 @@ class Transaction:
             engine._hooks.before_commit(self)
         read_version = self._read_version
         if read_version is None:  # a blind write: the commit's own read version (get_read_version answers it)
-            read_version = self._read_version = engine.committed_version()
+            # (Engine.committed_version inlined, as _get inlines check_read_version: every blind write)
+            read_version = self._read_version = engine._last_version
         # The lists are handed over, not copied: a committing transaction is
         # frozen (2017 on any use), and a retry starts from fresh ones
         # (_reset_state). The engine appends stamped keys to write_points.
@@ -1221,7 +1222,12 @@ class Transaction:
         except BaseException as exc:
             self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
             raise
-        self._finish(req.version, req.stamp if self._versionstamp is not None else None)
+        self._committed_version = req.version
+        # _finish's other steps, only when there is something for them: the snapshot was closed
+        # above and no read can open one from here (commit_started), so watches to arm and a
+        # versionstamp to answer are all that remain (most commits have neither).
+        if self._watches or self._versionstamp is not None:
+            self._finish(req.version, req.stamp if self._versionstamp is not None else None)
 
     def _fail_attempt(self, err: KVError) -> None:
         """A started commit failed: its error goes to the watches and the versionstamp

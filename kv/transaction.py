@@ -1037,19 +1037,42 @@ class Transaction:
         self._next_write_no_conflict = False
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        self._check_usable()
-        _check_write_key(key)
-        body, offset = self._split_offset(bytes(value), "value")
-        _check_value(body)
-        key = bytes(key)
-        if self._watches:
-            self._trigger_watches(key, None, _UNKNOWN)
-        index = len(self._mutations)
-        self._mutations.append(("set", key, body))
-        self._stamped = _appended(self._stamped, (index, "value", key, body, offset))
+        # One per ledger submit: as in set(), the common case (usable, plain bytes, a legal key,
+        # an offset suffix) is tested in one expression and skips the checking calls; the checks
+        # run in the same order either way, so the same error wins.
+        if (
+            self._slow or type(key) is not bytes or type(value) is not bytes
+            or len(key) > KEY_SIZE_LIMIT or key >= SYSTEM_KEY_PREFIX or len(value) < 4
+        ):
+            self._check_usable()
+            _check_write_key(key)
+            body, offset = self._split_offset(bytes(value), "value")
+            _check_value(body)
+            key = bytes(key)
+            if self._watches:
+                self._trigger_watches(key, None, _UNKNOWN)
+        else:
+            # (_split_offset inlined; it raises the precise error for an offset that does not fit)
+            body, offset = value[:-4], int.from_bytes(value[-4:], "little")
+            if offset + 10 > len(body):
+                self._split_offset(value, "value")
+            if len(body) > VALUE_SIZE_LIMIT:
+                _check_value(body)
+        mutations = self._mutations
+        stamped = (len(mutations), "value", key, body, offset)
+        mutations.append(("set", key, body))
+        lst = self._stamped  # (_appended inlined)
+        if type(lst) is list:
+            lst.append(stamped)
+        else:
+            self._stamped = [stamped]
         self._writes[key] = _UNREADABLE_ENTRY
-        self._size += len(key) + len(body)
-        self._add_write_point(key)
+        if self._next_write_no_conflict:  # (_add_write_point inlined)
+            self._next_write_no_conflict = False
+            self._size += len(key) + len(body)
+        else:
+            self._write_points.append(key)
+            self._size += 3 * len(key) + len(body) + 1  # the key, its value, its write conflict range
 
     # -- conflict ranges --------------------------------------------------
 

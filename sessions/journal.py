@@ -258,19 +258,23 @@ class Journal:
         Not idempotent by itself: the caller's transaction must be guarded (a
         lease check, a head check, a marker) so a 1021 retry does not emit twice.
         """
-        if before:
-            return (await self.emit_many_tr(tr, owner, conversation, (*before, (type, data)), eid=eid))[-1]
+        if before:  # (only this event's ref is made: the settle's three events ask for one)
+            return (await self.emit_many_tr(tr, owner, conversation, (*before, (type, data)), eid=eid,
+                                            last_ref_only=True))[0]
         return (await self.emit_many_tr(tr, owner, conversation, ((type, data),), eid=eid))[0]
 
     async def emit_many_tr(self, tr: Any, owner: OwnerLike, conversation: str,
                            items: "Sequence[tuple[str, Any]]", *, eid: str | None = None,
-                           refs: bool = True, first_ref_only: bool = False) -> list[EventRef]:
+                           refs: bool = True, first_ref_only: bool = False,
+                           last_ref_only: bool = False) -> list[EventRef]:
         """:meth:`emit` for each ``(type, data)`` of ``items``, in order, in ``tr``: the same
         keys and values as that many emits, with the conversation checked and its emitted
         count bumped once for all of them. Not idempotent by itself (see :meth:`emit`).
         ``refs=False``: the caller wants no positions back (returns ``[]``; no awaitable
         versionstamp is asked of the transaction for them); ``first_ref_only``: the first
-        event's position only (a one-element list; the submit's ``run.queued``). A ``data`` that is a
+        event's position only (a one-element list; the submit's ``run.queued``);
+        ``last_ref_only``: the last event's only (a one-element list; :meth:`emit` with
+        ``before``). A ``data`` that is a
         :class:`sessions.codec.Encoded` is stored as its bytes (what encoding the value they
         encode would store)."""
         # A str owner found in _appends with this conversation was validated as a tag (and
@@ -346,6 +350,8 @@ class Journal:
         stamp = tr.get_versionstamp()
         if first_ref_only:
             return [EventRef(stamp, order, items[0][0])]
+        if last_ref_only:
+            return [EventRef(stamp, order + count - 1, items[-1][0])]
         out: list[EventRef] = []
         for etype, _ in items:
             out.append(EventRef(stamp, order, etype))

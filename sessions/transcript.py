@@ -81,6 +81,10 @@ _KEY_OVERHEAD = 64  # per message key, for the size estimate
 _CHUNK_0 = _SMALL_INTS[0]  # (a message key's last part: chunk 0, the only chunk of a message up to CHUNK_SIZE)
 HEAD_MEMO_ENTRIES = 256  # decoded session heads remembered by their bytes (Transcripts._checked_head)
 assert HEAD_MEMO_ENTRIES > 0
+#: Sessions whose append keys an append remembers (Transcripts._append_keys): as the
+#: keyspace's caches, small (the hot ones are those with runs in flight); forgetting is safe.
+APPEND_KEYS_ENTRIES = 1_024
+assert APPEND_KEYS_ENTRIES > 0
 
 
 def check_session_id(sid: str) -> str:
@@ -143,6 +147,29 @@ class Transcripts:
         # head key -> (the head record's bytes as last written here, their decoding): see
         # _checked_head. Bounded (cleared when full; forgetting only costs a decode).
         self._head_memo: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
+        # (owner tag, session id) -> (tag, head key, messages prefix): see _append_keys.
+        self._appends: dict[tuple[str, str], tuple[str, bytes, bytes]] = {}
+
+    def _append_keys(self, owner: OwnerLike, sid: str) -> tuple[str, bytes, bytes]:
+        """``(tag, head key, messages prefix)`` of a session an append writes, the owner and
+        session id checked, remembered. A str owner and session id found in ``_appends`` were
+        checked (as_tag gave the str back) when first remembered, so a turn's later appends
+        (three of four) look them up there (see append_tr) and skip as_tag, check_session_id
+        and two keyspace lookups. (A dict on the instance, as the journal's: an lru_cache on
+        the method would keep every instance alive.)"""
+        if owner.__class__ is str:
+            try:
+                keys = self._appends.get((owner, sid))
+            except TypeError:  # (an unhashable session id: check_session_id refuses it)
+                keys = None
+            if keys is not None:
+                return keys
+        tag = as_tag(owner)
+        check_session_id(sid)
+        if len(self._appends) >= APPEND_KEYS_ENTRIES:
+            self._appends.clear()
+        keys = self._appends[(tag, sid)] = (tag, self.keys.head(tag, sid), self.keys.messages(tag, sid).raw_prefix)
+        return keys
 
     # -- records ------------------------------------------------------------
 
@@ -285,8 +312,14 @@ class Transcripts:
         its lease; a takeover rewrites the lease first, so a stale writer fails that check).
         ``head_out``: gets the head record this append writes (do not change it).
         """
-        tag = as_tag(owner)
-        check_session_id(session_id)
+        # (_append_keys' lookup inline: a remembered str owner and session id, else the checks)
+        keys = None
+        if owner.__class__ is str:
+            try:
+                keys = self._appends.get((owner, session_id))
+            except TypeError:  # (an unhashable session id: _append_keys refuses it)
+                pass
+        tag, head_key, prefix = keys if keys is not None else self._append_keys(owner, session_id)
         encoded: list[bytes] = []
         size = 0
         for m in messages:
@@ -313,7 +346,7 @@ class Transcripts:
                 head = record
         elif known_head is not None:  # (the caller's guard vouches for it: see the docstring)
             head = dict(known_head)
-        elif create and await tr.get(self.keys.head(tag, session_id)) is None:
+        elif create and await tr.get(head_key) is None:
             head, _ = self._new_session(tr, tag, session_id)
         else:
             head = await self._head(tr, tag, session_id)
@@ -323,7 +356,6 @@ class Transcripts:
         if expected_head is not None and n != expected_head:
             raise SessionConflict(f"session {session_id!r} head is {n}, expected {expected_head}",
                                   expected=expected_head, actual=n)
-        prefix = self.keys.messages(tag, session_id).raw_prefix
         for i, data in enumerate(encoded, n):
             if len(data) <= CHUNK_SIZE:  # (the common case: one chunk)
                 # fastpack(prefix, (i, 0)) inline: the tuple codes of seq i, then of 0
@@ -337,14 +369,14 @@ class Transcripts:
             if not head.get("mark", 0) <= mark < head["n"]:
                 raise ValueError(f"mark {mark} outside [{head.get('mark', 0)}, {head['n']})")
             head["mark"] = mark
-        key, raw = self.keys.head(tag, session_id), dumps(head)
-        tr.set(key, raw)
+        raw = dumps(head)
+        tr.set(head_key, raw)
         # Remembered by its bytes (a pure decoding: right whether or not this commits), so the
         # next append, which reads these bytes back, does not decode them.
         memo = self._head_memo
         if len(memo) >= HEAD_MEMO_ENTRIES:
             memo.clear()
-        memo[key] = (raw, head)
+        memo[head_key] = (raw, head)
         if head_out is not None:
             head_out.append(head)
         return head["n"]
@@ -431,11 +463,9 @@ class Transcripts:
         :class:`NotFound` as ``read_tail_tr`` does for any other reason); pass ``head`` to
         :meth:`append_tr` (with ``create=True`` for a new session) so that it does not read
         the head again (a read and a decode per append less)."""
-        tag = as_tag(owner)
+        tag, key, _ = self._append_keys(owner, session_id)  # (remembered for the appends to come)
         if not 0 < limit <= MAX_READ_PAGE:
             raise ValueError(f"limit must be in 1..{MAX_READ_PAGE}")
-        check_session_id(session_id)
-        key = self.keys.head(tag, session_id)
         raw = await tr.get(key)
         if raw is None:
             return None, HeadRead(None)

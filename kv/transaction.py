@@ -412,6 +412,8 @@ class Transaction:
         self._read_points: list[bytes] = _EMPTY
         self._write_ranges: list[tuple[bytes, bytes]] = _EMPTY
         self._write_points: list[bytes] = []
+        # The transaction's size as commit checks it (TRANSACTION_SIZE_LIMIT): keys, values, clear
+        # bounds and conflict ranges, read ones included, each added when it is recorded.
         self._size = 0
         self._next_write_no_conflict = False
         # FoundationDB's RYW commitStarted: set by commit() and kept, whatever the commit's
@@ -587,6 +589,7 @@ class Transaction:
                 points.append(key)
             else:
                 self._read_points = [key]
+            self._size += 2 * len(key) + 1  # its read conflict range [key, key + \x00)
         if entry is not None:  # atomic ops on an unknown base: apply them to what we read
             for op, param in entry[-1]:
                 value = apply_atomic(op, value, param)
@@ -751,6 +754,7 @@ class Transaction:
         """
         if not self._clears and not self._writes:
             self._read_ranges = _appended(self._read_ranges, (begin, end))
+            self._size += len(begin) + len(end)
             return
         known: list[tuple[bytes, bytes]] = [c for c in self._clears if c[0] < end and begin < c[1]]
         if self._writes:
@@ -766,11 +770,13 @@ class Transaction:
                 break
             if cb > cur:
                 self._read_ranges = _appended(self._read_ranges, (cur, cb))
+                self._size += len(cur) + len(cb)
             cur = max(cur, ce)
             if cur >= end:
                 return
         if cur < end:
             self._read_ranges = _appended(self._read_ranges, (cur, end))
+            self._size += len(cur) + len(end)
 
     def _merged_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
         """The store's rows in [begin, end) overlaid with this transaction's writes."""
@@ -1148,6 +1154,7 @@ class Transaction:
             self._engine.check_read_version(self._read_version)
         value = snap.get(key)
         self._read_points = _appended(self._read_points, key)
+        self._size += 2 * len(key) + 1  # (as _get)
         if entry is not None:  # pending atomic ops: applied to the stored value (which was read)
             for op, param in entry[-1]:
                 value = apply_atomic(op, value, param)
@@ -1206,17 +1213,16 @@ class Transaction:
         # every watch's read): read again here at the same read version, it gives the value
         # watch() read, own writes included (one that changed it fired the watch already).
         # (sim.oracle's _get adds its network round trip to this wait.)
-        for w in self._watches:
-            if not w.ready:
-                w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
+        if self._watches:  # (tested first: iterating even the empty tuple builds an iterator)
+            for w in self._watches:
+                if not w.ready:
+                    w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
         # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
         # here on, whatever the outcome, every use is 2017 until reset/on_error.
         self._commit_started = self._slow = True
+        # (kept as the transaction goes: every write, clear and conflict range, read ones included,
+        # adds its bytes to _size when it is recorded)
         size = self._size
-        if self._read_ranges:
-            size += sum(len(b) + len(e) for b, e in self._read_ranges)
-        if self._read_points:
-            size += sum(map(len, self._read_points)) * 2 + len(self._read_points)
         if size > self._size_limit:
             err = KVError(2101, f"transaction of {size} bytes exceeds {self._size_limit}")
             self._fail_attempt(err)

@@ -136,3 +136,27 @@ async def test_commit_results_on_the_fast_path(embedded, tmp_path):
 
 async def _set(tr, key, value):
     tr.set(key, value)
+
+
+async def test_read_conflicts_count_toward_the_size_limit(embedded, tmp_path):
+    """Read conflicts count as FoundationDB counts them: a key read 2 * len + 1 ([key, key + \\x00)),
+    a range its two bounds; reads answered by the transaction's own writes add nothing."""
+    db = await _db(embedded, tmp_path)
+    # 41 (a 20-byte key read) + 2 ([a, b) read) + 34 (a set of 1 + 30 bytes and its conflict)
+    # + 3 ([c, d) less the written key c: [c\x00, d) is 2 + 1)
+    size = 41 + 2 + 34 + 3
+    for limit, ok in ((size, True), (size - 1, False)):
+        tr = db.create_transaction()
+        tr.options.set_size_limit(limit)
+        assert await tr.get(b"r" * 20) is None
+        assert await tr.get_range(b"a", b"b") == []
+        tr.set(b"c", b"v" * 30)
+        assert await tr.get(b"c") == b"v" * 30  # its own write: no conflict, no size
+        assert await tr.snapshot.get(b"q" * 20) is None  # a snapshot read: none either
+        assert await tr.get_range(b"c", b"d") == [(b"c", b"v" * 30)]
+        if ok:
+            await tr.commit()
+        else:
+            with raises_code(2101):
+                await tr.commit()
+    await db.close()

@@ -215,16 +215,17 @@ def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
 # ~4 calls a commit that say nothing here, since the park refuses cancellation
 # (``_refuse_abort``), so the only thing it is ever sent is "woken". So the
 # engine yields one shared trap message itself (trio reads only its
-# ``abort_func``) and wakes with one shared value (``_WOKEN``); anything else
-# sent in (nothing in this module sends anything else) is still unwrapped, so an
-# error would be raised, as trio's call would. trio is pinned (pyproject.toml);
+# ``abort_func``) and wakes with one shared value (``_WOKEN``); a Value is not
+# unwrapped (it holds no error), anything else sent in (nothing in this module
+# sends anything else) is, so an error is raised as trio's call would. trio is pinned (pyproject.toml);
 # on a trio without the private trap class the engine parks through the public call.
 try:
+    from trio._core._traps import CancelShieldedCheckpoint as _CancelShieldedCheckpoint
     from trio._core._traps import WaitTaskRescheduled as _WaitTaskRescheduled
 except ImportError:  # pragma: no cover (another trio)
-    _WaitTaskRescheduled = None
+    _CancelShieldedCheckpoint = _WaitTaskRescheduled = None
 
-_WOKEN = Value(None)  # never unwrapped: compared by identity (_park)
+_WOKEN = Value(None)  # never unwrapped (_park), so it can wake any number of parks
 
 if _WaitTaskRescheduled is not None:
     _PARK_MESSAGE = _WaitTaskRescheduled(_refuse_abort)
@@ -233,12 +234,25 @@ if _WaitTaskRescheduled is not None:
     def _park():
         """``await trio.lowlevel.wait_task_rescheduled(_refuse_abort)``, one generator deep."""
         sent = yield _PARK_MESSAGE
-        if sent is not _WOKEN:
-            return sent.unwrap()
-        return None
+        if type(sent) is not Value:  # (_WOKEN, or trio's Value(None): nothing to unwrap)
+            sent.unwrap()  # an Error: raised here, as trio's call would
 else:  # pragma: no cover
     async def _park():
-        return await wait_task_rescheduled(_refuse_abort)
+        await wait_task_rescheduled(_refuse_abort)
+
+# The pipeline's two schedule points (after an inline commit; before writing a batch
+# ahead) the same way: trio's cancel_shielded_checkpoint is a coroutine around this one
+# yield, and unwraps the Value(None) trio sends back (one object.__setattr__ of a frozen
+# attrs class). That value is always a fresh Value(None): only anything else is unwrapped.
+if _CancelShieldedCheckpoint is not None:
+    @types.coroutine
+    def _schedule_point():
+        """``await trio.lowlevel.cancel_shielded_checkpoint()``, one generator deep."""
+        sent = yield _CancelShieldedCheckpoint
+        if type(sent) is not Value:
+            sent.unwrap()
+else:  # pragma: no cover
+    _schedule_point = trio.lowlevel.cancel_shielded_checkpoint
 
 
 def _wake(req: "CommitRequest") -> None:
@@ -456,7 +470,7 @@ class Engine:
                     # epoll, a due timer; ~2 us to ask) was tried on 2026-11-30 and let a
                     # reader in between 4 of 10 commits, not 9 (test_lmdb_store): a task
                     # woken into trio's current batch is invisible from here.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await _schedule_point()
             else:
                 req.task = _trio_run.GLOBAL_RUN_CONTEXT.task  # (current_task() without the call)
                 await _park()
@@ -747,7 +761,7 @@ class Engine:
         """
         nxt = None
         if self._submit_ahead is not None and not self.closed:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await _schedule_point()
             if self._pending and not self.closed and self._submit_ahead():
                 nxt = self._start_next(_ahead_share(len(self._pending), len(batch)))
                 if nxt is not None:

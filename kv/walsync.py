@@ -45,6 +45,7 @@ import trio
 from trio._core import _run as _trio_run
 
 from . import _fsyncd
+from .engine import _park
 
 log = logging.getLogger(__name__)
 
@@ -269,10 +270,6 @@ class SyncHelper:
         return self._proc.pid if self._proc is not None else None
 
 
-def _refuse_abort(_: object) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
-
-
 # trio 0.32's epoll I/O manager, whose waiter registry _wait_readable_refusing_cancel fills in
 # (private: only on the trio it was copied from and tested with, REFUSING_WAIT_TRIO; on any other
 # trio the pin allows, or another I/O manager, the answer is waited for under a shield)
@@ -300,7 +297,7 @@ async def _wait_readable_refusing_cancel(sock: socket.socket) -> None:
         raise trio.BusyResourceError("another task is already reading this fd")
     waiters.read_task = _trio_run.GLOBAL_RUN_CONTEXT.task
     io._update_registrations(fd)
-    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+    await _park()  # (wait_task_rescheduled(_refuse_abort), without a trap and a coroutine a batch)
 
 
 def _already_shielded() -> bool:

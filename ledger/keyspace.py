@@ -37,9 +37,13 @@ Key (under root["l"])              Value
                                    settled)
 ("run", run_id)                    CBOR run {"id", "owner", "conversation", "submission_id",
                                    "seq", "state", "attempt", "claims", "max_attempts",
-                                   "created", "updated", "limits", "rd", "settled_token",
-                                   "released_token", "error", "q"?, "out"?}; "q": False when the
-                                   run has no FIFO entry (active from its submit); "out": a
+                                   "created", "updated", "limits", "rd"?, "settled_token"?,
+                                   "released_token"?, "error"?, "q"?, "out"?}; "rd",
+                                   "settled_token", "released_token", "error": None or absent
+                                   (a submit stores none of them since session 18; readers
+                                   use .get); "q":
+                                   False when the run has no FIFO entry (every run since session
+                                   18; runs active from their submit since session 17); "out": a
                                    settled run's CBOR outcome {"status", "result", "error"}
                                    when at most runs.INLINE_OUTCOME_BYTES (session 17)
 ("out", run_id, i)                 chunk i of the CBOR outcome of a settled run without "out"

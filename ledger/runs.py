@@ -540,17 +540,18 @@ class Ledger:
         run_id = self.new_id()
         seq = cs["tail"]
         cs["tail"] = seq + 1
+        # "rd", "settled_token", "released_token" and "error" are not stored while None (every
+        # reader uses .get; records written before session 18 have them as None): four fields
+        # less to encode here and to decode at each read of the record.
         run = {"id": run_id, "owner": tag, "conversation": conversation, "submission_id": submission_id,
                "seq": seq, "state": QUEUED, "attempt": 0, "claims": 0, "max_attempts": max_attempts,
-               "created": now, "updated": now, "limits": dict(limits) if limits else {}, "rd": None,
-               "settled_token": None, "released_token": None, "error": None}
+               "created": now, "updated": now, "limits": dict(limits) if limits else {}, "q": False}
         # The history entry is the run's only queue entry: the conversation's FIFO is its
         # history after the active run (see _finish_tr), so no ("q", ...) key is written
         # (one mutation a queued submit, and its clear at the run's settle, less than the
-        # separate FIFO entry written before session 18). "q": False tells the settle there
-        # is no FIFO entry to clear (records without the field, written before this, have one).
+        # separate FIFO entry written before session 18). The run's "q": False tells the settle
+        # there is no FIFO entry to clear (records without the field, written before this, have one).
         tr.set(self.keys.history(tag, conversation, seq), run_id.encode())
-        run["q"] = False
         lease_rec: dict[str, Any] | None = None
         if cs["active"] is None:
             cs["active"] = run_id

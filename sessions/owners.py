@@ -15,7 +15,7 @@ never hand one owner another's record. Foreign == missing: the same
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 from .errors import InvalidOwner
@@ -41,20 +41,34 @@ def _check_part(name: str, value: object) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Owner:
     """A principal. Construct with ``Owner(realm, subject)``; validation is immediate."""
 
+    # Slots written out rather than ``slots=True``, so that the tag made once in __post_init__
+    # is a slot and not a dataclass field: fields, asdict, equality, hashing and repr see
+    # realm and subject only, as before. as_tag asks for the tag on every request (a submit's
+    # checks), and the f-string cost as much as the rest of it.
+    __slots__ = ("realm", "subject", "_tag")
+
     realm: str
     subject: str
-    #: ``realm/subject``, made once (not a field of equality, hashing or repr): as_tag asks for
-    #: it on every request (a submit's checks), and the f-string cost as much as the rest of it.
-    _tag: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_part("realm", self.realm)
         _check_part("subject", self.subject)
         object.__setattr__(self, "_tag", f"{self.realm}/{self.subject}")
+
+    # (pickle and copy: frozen, so the state goes back through object.__setattr__, as
+    # ``slots=True`` would have arranged; the tag is made again from the parts)
+    def __getstate__(self) -> tuple[str, str]:
+        return (self.realm, self.subject)
+
+    def __setstate__(self, state: tuple[str, str]) -> None:
+        realm, subject = state
+        object.__setattr__(self, "realm", realm)
+        object.__setattr__(self, "subject", subject)
+        object.__setattr__(self, "_tag", f"{realm}/{subject}")
 
     @property
     def tag(self) -> str:

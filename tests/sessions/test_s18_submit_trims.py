@@ -24,8 +24,11 @@ def test_an_owner_tag_is_realm_slash_subject_and_not_part_of_equality_or_repr():
     assert o == Owner("realm", "subject") and hash(o) == hash(Owner("realm", "subject"))
     assert o != Owner("realm", "other")
     assert repr(o) == "Owner(realm='realm', subject='subject')"
+    assert dataclasses.asdict(o) == {"realm": "realm", "subject": "subject"}  # (a tool result's JSON)
+    assert [f.name for f in dataclasses.fields(o)] == ["realm", "subject"]
+    assert not hasattr(o, "__dict__")
     assert parse_tag("a/b").tag == "a/b"
-    for c in (copy.copy(o), copy.deepcopy(o), pickle.loads(pickle.dumps(o))):
+    for c in (copy.copy(o), copy.deepcopy(o), *(pickle.loads(pickle.dumps(o, protocol=p)) for p in range(6))):
         assert c == o and c.tag == "realm/subject"
     r = dataclasses.replace(o, subject="s2")
     assert r.tag == "realm/s2" == as_tag(r)

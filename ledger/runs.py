@@ -201,22 +201,27 @@ def _in_canonical_order(value: Any) -> Any:
         n = len(value)
         if 1 < n <= _KEY_ORDER_KEYS:
             # A request's maps come in few shapes (a message's, a content part's...): their
-            # canonical key order is remembered per shape (the keys in insertion order).
+            # canonical key order is remembered per shape (the keys in insertion order). A
+            # shape is remembered only when its keys are all of class str, so a map found
+            # here needs no check per key: its keys equal those (a str subclass equal to one
+            # is encoded by cbor2 as that str, in either mode).
             shape = tuple(value)
             keys = _KEY_ORDER.get(shape)
             if keys is None:
                 keys = _canonical_key_order(shape)
+                for k in keys:
+                    if type(k) is not str:
+                        raise _NotPlain
                 if len(_KEY_ORDER) >= _KEY_ORDER_SIZE:
                     _KEY_ORDER.clear()
                 _KEY_ORDER[shape] = keys
-        elif n > 1:
-            keys = _canonical_key_order(tuple(value))
         else:
-            keys = value
+            keys = _canonical_key_order(tuple(value)) if n > 1 else value
+            for k in keys:
+                if type(k) is not str:
+                    raise _NotPlain
         out = {}
         for k in keys:
-            if type(k) is not str:
-                raise _NotPlain
             v = value[k]
             out[k] = v if type(v) in _SAME_IN_BOTH_MODES else _in_canonical_order(v)
         return out
@@ -614,7 +619,12 @@ class Ledger:
         pending = await self.db.transact(lambda tr: self._submit_tr(
             tr, tag, sid, body, digest, conversation, policy, limits, max_attempts, None))
         self.journal.note_committed(tag, conversation)  # it journaled run.queued
-        return await pending.result()
+        # pending.result(), inline (one coroutine less an acknowledged submit)
+        ref = pending.ref
+        if ref is None:
+            assert pending.ack is not None
+            return pending.ack
+        return Acknowledgement(sid, pending.run_id, await ref.cursor(), pending.status)
 
     async def submit_and_claim(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
                                owner: OwnerLike, conversation: str, worker_id: str,

@@ -156,6 +156,13 @@ class SessionsKeyspace:
         """Subspace of message chunks: keys ``(seq, chunk)``."""
         return kv.Subspace(raw_prefix=self._session(tag, sid) + _M)
 
+    def head_and_messages(self, tag: str, sid: str) -> tuple[bytes, bytes]:
+        """``(head(tag, sid), messages(tag, sid).raw_prefix)``, made from the session prefix
+        and not cached: what an append writes, which Transcripts remembers per session itself
+        (a turn's session is new: two cache misses, a Subspace and two evictions a turn, before)."""
+        session = self._session(tag, sid)
+        return session + _HD, session + _M
+
     @lru_cache(maxsize=_CACHE)
     def session_range(self, tag: str, sid: str) -> slice:
         return self.base.range(("o", tag, "ss", sid))

@@ -168,7 +168,7 @@ class Transcripts:
         check_session_id(sid)
         if len(self._appends) >= APPEND_KEYS_ENTRIES:
             self._appends.clear()
-        keys = self._appends[(tag, sid)] = (tag, self.keys.head(tag, sid), self.keys.messages(tag, sid).raw_prefix)
+        keys = self._appends[(tag, sid)] = (tag, *self.keys.head_and_messages(tag, sid))
         return keys
 
     # -- records ------------------------------------------------------------

@@ -96,3 +96,15 @@ async def test_emit_with_before_returns_the_last_events_ref(db):
                                              events.RUN_FAILED]
     assert [await first.cursor(), await last.cursor(), await many[0].cursor()] == [
         page.events[0].cursor, page.events[3].cursor, page.events[6].cursor]
+
+
+@pytest.mark.parametrize("sid", ["s", "with\x00nul", "ünïcode", "x" * 512])
+def test_head_and_messages_are_the_keyspace_keys(sid):
+    from sessions.keyspace import SessionsKeyspace
+
+    import kv
+
+    for k in (SessionsKeyspace(), SessionsKeyspace(kv.Subspace((b"other-root",)))):
+        assert k.head_and_messages(TAG, sid) == (k.head(TAG, sid), k.messages(TAG, sid).raw_prefix)
+        assert k.head(TAG, sid) == k.base.pack(("o", TAG, "ss", sid, "h"))
+        assert k.messages(TAG, sid).raw_prefix == k.base.pack(("o", TAG, "ss", sid, "m"))

@@ -101,6 +101,8 @@ MAX_RENEW_BATCH = 1_000
 #: History entries a settle reads at a time looking for the conversation's next unsettled
 #: run (see Ledger._next_in_fifo): runs cancelled while queued are the only ones it skips.
 FIFO_WINDOW = 8
+#: Conversation states a Ledger remembers the last bytes of (see Ledger._cs_seen).
+_CS_SEEN_SIZE = 1_024
 #: A claim that finds only exhausted/stale entries gives up after this many transactions.
 MAX_CLAIM_SKIPS = 64
 #: The request (delivery + schema) is stored with the submission; refuse absurd ones up front.
@@ -443,6 +445,12 @@ class Ledger:
         self.new_id = new_id or id_source()  # run ids, claim nonces (no syscall per id)
         self.rng = rng or random.Random()
         self._claiming: set[bytes] = set()  # index keys claims of this process are trying
+        #: conversation-state key -> (the bytes a queued submit of this process wrote there, their
+        #: decoding): the next submit to the conversation that reads those same bytes copies the
+        #: dict instead of decoding them (a memo of a pure function of the bytes read: never
+        #: stale; bytes written by anyone else, or by a transaction that did not commit, are
+        #: decoded). Bounded: cleared when full.
+        self._cs_seen: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
         from .usage import UsageBook
         from .steps import Steps
         self.usage = UsageBook(self)
@@ -533,8 +541,13 @@ class Ledger:
                                                run["state"], outcome, created=False), None, lease)
         cs_key = self.keys.conversation_state(tag, conversation)
         cs_raw = await tr.get(cs_key)
-        cs = loads(cs_raw) if cs_raw else {"active": None, "tail": 0}
-        if cs["active"] is not None:
+        if cs_raw:
+            seen = self._cs_seen.get(cs_key)
+            cs = dict(seen[1]) if seen is not None and seen[0] == cs_raw else loads(cs_raw)
+        else:
+            cs = {"active": None, "tail": 0}
+        queued = cs["active"] is not None
+        if queued:
             if policy == "reject":
                 raise ConversationBusy(f"conversation {conversation!r} already has an active run",
                                        active_run=cs["active"])
@@ -573,7 +586,12 @@ class Ledger:
                 tr.set(self.keys.lease(run_id), lease_raw)
                 tr.set(self.keys.expiry(expires_us, run_id), b"")
                 run.update(state=RUNNING, attempt=1, claims=1)
-        tr.set(cs_key, dumps(cs))
+        cs_raw = dumps(cs)
+        tr.set(cs_key, cs_raw)
+        if queued:  # (the conversation is busy: its next submit is likely queued too)
+            if len(self._cs_seen) >= _CS_SEEN_SIZE:
+                self._cs_seen.clear()
+            self._cs_seen[cs_key] = (cs_raw, cs)
         run_raw = dumps(run)
         tr.set(self.keys.run(run_id), run_raw)  # (_put_run, "updated" being now)
         rec = {"id": submission_id, "owner": tag, "conversation": conversation, "hash": digest, "attempt": 0,

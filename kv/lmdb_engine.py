@@ -353,6 +353,7 @@ class LmdbStore:
         self._checkpointer_starts = 0
         # (the figures read through the stats property; its two derived ones are filled in there)
         self._stats = {"batches": 0, "bytes_written": 0, "fsyncs": 0, "segments_sealed": 0, "overlay_keys": 0}
+        self._encode_record = wal.RecordEncoder().encode  # (its pickler reused batch after batch)
         self._sync = walsync.SyncHelper(self._wal_dir)  # its process starts with the first pipelined batch
         self._closed = False
 
@@ -739,7 +740,7 @@ class LmdbStore:
                 effects.append(SET)
                 effects.append(key)
                 effects.append(value)
-            record = wal.encode_record(version, effects)
+            record = self._encode_record(version, effects)
         except BaseException:
             self._unstage(version, touched)
             raise

@@ -178,8 +178,9 @@ class LedgerKeyspace:
         lease, cancel, expiry, usage step and totals), most not cached themselves."""
         return pack_str(run_id)
 
-    @lru_cache(maxsize=_CACHE)
     def run(self, run_id: str) -> bytes:
+        # Not cached itself: two concatenations onto the run's cached part (a cache of its
+        # own was a second entry, and a second miss at the submit, for every run).
         return self._b + _RUN + self._run_part(run_id)
 
     @lru_cache(maxsize=_CACHE)

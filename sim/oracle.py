@@ -48,13 +48,11 @@ MAX_PROBLEMS = 5
 class RecordingTransaction(Transaction):
     """A real kv transaction that also logs its non-snapshot reads for the oracle."""
 
-    # The read log and the write number belong to one attempt: kv starts every attempt's state in
-    # one private hook, and a new transaction's in either of two depending on the kv version
-    # (_reset_state, or _clear_state once kv split it out so a new transaction skips dropping a
-    # snapshot it never had).  Both are overridden so the sim runs on either; the second
-    # assignment on a reset (both run then) is harmless.
-    def _clear_state(self) -> None:
-        super()._clear_state()  # type: ignore[misc]
+    # The read log and the write number belong to one attempt: a new transaction starts them here
+    # (kv's __init__ sets its per-attempt state itself, calling no hook), and every later attempt
+    # in _reset_state (reset, on_error).
+    def __init__(self, db: Any) -> None:
+        super().__init__(db)
         self._sim_log: list[tuple] = []
         self._sim_k = None
 

@@ -53,6 +53,9 @@ _SET, _CLEAR, _ATOMIC, _UNREADABLE = "set", 1, 2, 3
 _CLEARED = (_CLEAR, None)  # (shared: entries are never changed in place but for an atomic's list)
 _UNREADABLE_ENTRY = (_UNREADABLE, None)
 
+# What _get looks in when there is no write map and nothing written: never written to.
+_NO_WRITES: dict = {}
+
 _UNKNOWN = object()  # a write whose value is not known in the transaction (atomic op, stamped value)
 
 
@@ -288,6 +291,21 @@ def _strinc(prefix: bytes) -> bytes:
     return p[:-1] + bytes([p[-1] + 1])
 
 
+def _put_atomic(writes: dict[bytes, tuple], key: bytes, op: int, param: bytes, cleared: tuple | None) -> None:
+    """Record atomic op ``op`` on ``key`` in the write map ``writes`` (``cleared``: _CLEARED if a
+    range this transaction cleared holds the key, else None): combined with what the map knows."""
+    entry = writes.get(key, cleared)
+    if entry is None:
+        writes[key] = (_ATOMIC, [(op, param)])
+    elif entry[0] == _ATOMIC:
+        entry[-1].append((op, param))
+    elif entry[0] == _UNREADABLE:
+        writes[key] = (_ATOMIC, [(op, param)])
+    else:
+        new = apply_atomic(op, entry[-1] if entry[0] == _SET else None, param)
+        writes[key] = _CLEARED if new is None else (_SET, new)
+
+
 def _atomic_op(op: int, name: str) -> Callable[["Transaction", bytes, bytes], None]:
     """The method ``Transaction.<name>``: FoundationDB's atomic operation ``op`` on a key.
 
@@ -306,18 +324,9 @@ def _atomic_op(op: int, name: str) -> Callable[["Transaction", bytes, bytes], No
             key, param = bytes(key), bytes(param)
             if self._watches:
                 self._trigger_watches(key, None, _UNKNOWN)  # (RYW atomicOp: valueKnown false)
-        entry = self._writes.get(key)
-        if entry is None and self._clears and self._cleared(key):
-            entry = _CLEARED
-        if entry is None:
-            self._writes[key] = (_ATOMIC, [(op, param)])
-        elif entry[0] == _ATOMIC:
-            entry[-1].append((op, param))
-        elif entry[0] == _UNREADABLE:
-            self._writes[key] = (_ATOMIC, [(op, param)])
-        else:
-            new = apply_atomic(op, entry[-1] if entry[0] == _SET else None, param)
-            self._writes[key] = _CLEARED if new is None else (_SET, new)
+        writes = self._writes
+        if writes is not None:  # (else _write_map replays this mutation if anything reads)
+            _put_atomic(writes, key, op, param, _CLEARED if self._clears and self._cleared(key) else None)
         self._mutations.append(("atomic", op, key, param))
         if self._next_write_no_conflict:  # (_add_write_point inlined)
             self._next_write_no_conflict = False
@@ -369,7 +378,7 @@ class Transaction:
         # of every commit): keep the two in step (tests/kv/test_s18b_txn_state.py compares a new
         # transaction's state with a reset one's, slot by slot).
         self._read_version: int | None = None
-        self._writes: dict[bytes, tuple] = {}
+        self._writes: dict[bytes, tuple] | None = None
         self._sorted_write_keys: list[bytes] | None = None
         self._clears: list[tuple[bytes, bytes]] = _EMPTY
         self._clear_begins: list[bytes] = _EMPTY
@@ -418,7 +427,9 @@ class Transaction:
     def _clear_state(self) -> None:
         """The per-attempt state of a new attempt (``__init__`` sets the same, written out)."""
         self._read_version: int | None = None
-        self._writes: dict[bytes, tuple] = {}   # key -> (kind, ..., payload): see _SET
+        # key -> (kind, ..., payload): see _SET. Built at its first use (_write_map): until then
+        # (None) every mutation in the log is a plain set, which is its own entry.
+        self._writes: dict[bytes, tuple] | None = None
         self._sorted_write_keys: list[bytes] | None = None  # cache for range reads
         # (the _EMPTY ones become lists when first appended to: see _appended)
         self._clears: list[tuple[bytes, bytes]] = _EMPTY  # disjoint, sorted
@@ -540,6 +551,39 @@ class Transaction:
         self._ensure_snapshot()
         return self._read_version  # type: ignore[return-value]
 
+    def _write_map(self) -> dict[bytes, tuple]:
+        """The write map (key -> its entry, see _SET), built from the mutation log at its first use.
+
+        Most transactions never read their own writes (a blind write; a ledger submit reads
+        first, then writes): until something needs the map (a read, a watch, a clear), sets,
+        atomic ops and versionstamped keys and values are only logged, so such a transaction
+        builds and fills no dict. Until then the log holds only those four kinds (a clear builds
+        the map before logging its mutation), and no clear range exists, so replaying the log in
+        order, each mutation updating the map as its write would have, gives the same map."""
+        writes = self._writes
+        if writes is None:
+            writes = self._writes = {}
+            mutations = self._mutations
+            if not self._stamped:  # (the usual case: plain sets and atomic ops)
+                for m in mutations:
+                    if m[0] == "set":
+                        writes[m[1]] = m  # a set's mutation is its entry
+                    else:  # ("atomic", op, key, param)
+                        _put_atomic(writes, m[2], m[1], m[3], None)
+            else:
+                stamped = {s[0]: s[1] for s in self._stamped}
+                for i, m in enumerate(mutations):
+                    if m[0] == "set":
+                        kind = stamped.get(i)
+                        if kind is None:
+                            writes[m[1]] = m
+                        elif kind == "value":
+                            writes[m[1]] = _UNREADABLE_ENTRY
+                        # a versionstamped key has no entry: its key is known only at the commit
+                    else:
+                        _put_atomic(writes, m[2], m[1], m[3], None)
+        return writes
+
     def _cleared(self, key: bytes) -> bool:
         i = bisect.bisect_right(self._clear_begins, key) - 1
         return i >= 0 and key < self._clears[i][1]
@@ -581,7 +625,10 @@ class Transaction:
         engine = self._engine
         if engine.hooked:
             engine._hooks.on_read(self)  # (the attribute, not the property: a call less a read in the simulator)
-        entry = self._writes.get(key)
+        writes = self._writes
+        if writes is None:  # (no write map yet: built if there are writes, else none to look in)
+            writes = self._write_map() if self._mutations else _NO_WRITES
+        entry = writes.get(key)
         if entry is not None:
             kind = entry[0]
             if kind == _SET:
@@ -775,13 +822,13 @@ class Transaction:
         so they add no read conflict; keys with pending atomic operations were
         (their base value is read), so they keep theirs.
         """
-        if not self._clears and not self._writes:
+        writes = self._writes if self._writes is not None else self._write_map()
+        if not self._clears and not writes:
             self._read_ranges = _appended(self._read_ranges, (begin, end))
             self._size += len(begin) + len(end)
             return
         known: list[tuple[bytes, bytes]] = [c for c in self._clears if c[0] < end and begin < c[1]]
-        if self._writes:
-            writes = self._writes
+        if writes:
             known.extend((k, key_after(k)) for k in self._write_keys_in(begin, end, False)
                          if writes[k][0] != _ATOMIC)
             known.sort()
@@ -804,7 +851,7 @@ class Transaction:
     def _merged_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> list[KeyValue]:
         """The store's rows in [begin, end) overlaid with this transaction's writes."""
         snap = self._ensure_snapshot()
-        writes = self._writes
+        writes = self._writes if self._writes is not None else self._write_map()
         wkeys = self._write_keys_in(begin, end, reverse) if writes else []
         if not wkeys and not self._clears:
             return [_new_tuple(KeyValue, row) for row in snap.range(begin, end, reverse, limit)]
@@ -852,15 +899,16 @@ class Transaction:
 
     def _write_keys_in(self, begin: bytes, end: bytes, reverse: bool) -> list[bytes]:
         keys = self._sorted_write_keys
-        if keys is None or len(keys) != len(self._writes):
-            keys = self._sorted_write_keys = sorted(self._writes)
+        writes = self._writes if self._writes is not None else self._write_map()
+        if keys is None or len(keys) != len(writes):
+            keys = self._sorted_write_keys = sorted(writes)
         out = keys[bisect.bisect_left(keys, begin) : bisect.bisect_left(keys, end)]
         if reverse:
             out.reverse()
         return out
 
     def _write_row(self, key: bytes, stored: bytes | None, snap) -> KeyValue | None:
-        entry = self._writes[key]
+        entry = self._writes[key]  # (built: _merged_range asked for it)
         kind, payload = entry[0], entry[-1]
         if kind == _SET:
             return KeyValue(key, payload)
@@ -934,7 +982,10 @@ class Transaction:
             key, value = bytes(key), bytes(value)
             if self._watches:
                 self._trigger_watches(key, None, value)
-        self._writes[key] = m = ("set", key, value)
+        m = ("set", key, value)
+        writes = self._writes
+        if writes is not None:  # (else it is built from the log if anything reads: _write_map)
+            writes[key] = m
         self._mutations.append(m)
         if self._next_write_no_conflict:
             self._next_write_no_conflict = False
@@ -962,7 +1013,7 @@ class Transaction:
             return
         if self._watches:
             self._trigger_watches(key, None, None)
-        self._writes[key] = _CLEARED
+        (self._writes if self._writes is not None else self._write_map())[key] = _CLEARED
         self._mutations.append(("clear", key, key + b"\x00"))  # (key_after inlined)
         if self._next_write_no_conflict:  # (_add_write_point inlined)
             self._next_write_no_conflict = False
@@ -981,8 +1032,9 @@ class Transaction:
             self._trigger_watches(begin, end, None)
         doomed = self._write_keys_in(begin, end, False)
         if doomed:
+            writes = self._writes  # (built by _write_keys_in)
             for k in doomed:
-                del self._writes[k]
+                del writes[k]
             self._sorted_write_keys = None
         self._merge_clear(begin, end)
         self._mutations.append(("clear", begin, end))
@@ -1095,7 +1147,8 @@ class Transaction:
             lst.append(stamped)
         else:
             self._stamped = [stamped]
-        self._writes[key] = _UNREADABLE_ENTRY
+        if self._writes is not None:  # (else _write_map replays it: see there)
+            self._writes[key] = _UNREADABLE_ENTRY
         if self._next_write_no_conflict:  # (_add_write_point inlined)
             self._next_write_no_conflict = False
             self._size += len(key) + len(body)
@@ -1156,7 +1209,7 @@ class Transaction:
         (its read conflict included; no read hooks: no caller sees this value). The same steps
         as ``_get``'s, which keeps them inline because it is the hottest read path (~17 calls a
         turn): a change to either is a change to both."""
-        entry = self._writes.get(key)
+        entry = self._write_map().get(key)
         if entry is not None:
             kind = entry[0]
             if kind == _SET:
@@ -1239,7 +1292,7 @@ class Transaction:
         if self._watches:  # (tested first: iterating even the empty tuple builds an iterator)
             for w in self._watches:
                 if not w.ready:
-                    w.seen = await self._get(w.key, snapshot=True) if self._writes.get(w.key, (None,))[0] != _UNREADABLE else None
+                    w.seen = await self._get(w.key, snapshot=True) if self._write_map().get(w.key, (None,))[0] != _UNREADABLE else None
         # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
         # here on, whatever the outcome, every use is 2017 until reset/on_error.
         self._commit_started = self._slow = True

@@ -45,7 +45,7 @@ async def test_new_transaction_state_is_a_fresh_attempts(embedded, tmp_path):
     # the shared empty containers are shared, the lists a write appends to are its own
     assert new._clears is tr._clears and new._read_points is tr._read_points
     assert new._mutations is not tr._mutations and new._write_points is not tr._write_points
-    assert new._writes is not tr._writes
+    assert new._writes is None  # (the write map is built at its first use)
     assert new._slow is False and new._timeout is None
     await db.close()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable, TypeVar
 
+from trio._core import _run as _trio_run
+
 from .engine import Engine
 from .errors import KVError
 from .transaction import Transaction
@@ -54,7 +56,27 @@ class Database:
         while True:
             try:
                 result = await fn(tr)
-                await tr.commit()
+                # tr.commit() inlined for the usual case (a transaction without a timeout,
+                # watches or a cancelled/used state, whose class keeps Transaction.commit):
+                # the same steps, the engine awaited from here, without commit()'s coroutine
+                # frame (~1k instructions a commit). Anything else goes through commit().
+                # Keep in step with Transaction.commit.
+                task = _trio_run.GLOBAL_RUN_CONTEXT.task
+                if (tr._slow or not tr._direct_commit or task._cancel_status.effectively_cancelled
+                        or (task is task._runner.main_task and task._runner.ki_pending)):
+                    await tr.commit()
+                    return result
+                task._cancel_points += 1  # (commit()'s checkpoint_if_cancelled, passed)
+                req = tr._commit_request()
+                if req is not None:
+                    try:
+                        await tr._engine.commit(req)
+                    except BaseException as exc:
+                        tr._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
+                        raise
+                    tr._committed_version = req.version
+                    if tr._versionstamp is not None:  # (no watches: they make a transaction _slow)
+                        tr._finish(req.version, req.stamp)
                 return result
             except KVError as e:
                 if e.code == 1021:

@@ -362,6 +362,16 @@ class Transaction:
         "__dict__",
     )
 
+    # Whether Database.transact may commit this transaction itself (commit()'s steps, awaiting
+    # the engine directly: one coroutine frame less a commit) instead of awaiting commit().
+    # False for a subclass that overrides commit (sim.oracle's RecordingTransaction does), so
+    # its commit() is always the one that runs.
+    _direct_commit = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._direct_commit = cls.commit is Transaction.commit
+
     def __init__(self, db: "Database") -> None:
         self.db = db
         self._engine = db._engine
@@ -1293,6 +1303,25 @@ class Transaction:
             for w in self._watches:
                 if not w.ready:
                     w.seen = await self._get(w.key, snapshot=True) if self._write_map().get(w.key, (None,))[0] != _UNREADABLE else None
+        req = self._commit_request()
+        if req is None:
+            return
+        try:
+            await engine.commit(req)
+        except BaseException as exc:
+            self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
+            raise
+        self._committed_version = req.version
+        # _finish's other steps, only when there is something for them: the snapshot was closed
+        # above and no read can open one from here (commit_started), so watches to arm and a
+        # versionstamp to answer are all that remain (most commits have neither).
+        if self._watches or self._versionstamp is not None:
+            self._finish(req.version, req.stamp if self._versionstamp is not None else None)
+
+    def _commit_request(self) -> CommitRequest | None:
+        """commit()'s steps from the commit's start to the request it hands the engine (no
+        wait among them), or None when there is nothing to commit (the transaction finished).
+        Database.transact calls it too, awaiting the engine itself (see _direct_commit)."""
         # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
         # here on, whatever the outcome, every use is 2017 until reset/on_error.
         self._commit_started = self._slow = True
@@ -1305,7 +1334,8 @@ class Transaction:
             raise err
         if not self._mutations and not self._write_ranges and not self._write_points:
             self._finish(-1, None)
-            return
+            return None
+        engine = self._engine
         if engine.hooked:
             engine._hooks.before_commit(self)
         read_version = self._read_version
@@ -1322,17 +1352,7 @@ class Transaction:
         if self._snap is not None:  # release the storage snapshot before waiting
             self._snap.close()
             self._snap = None
-        try:
-            await engine.commit(req)
-        except BaseException as exc:
-            self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
-            raise
-        self._committed_version = req.version
-        # _finish's other steps, only when there is something for them: the snapshot was closed
-        # above and no read can open one from here (commit_started), so watches to arm and a
-        # versionstamp to answer are all that remain (most commits have neither).
-        if self._watches or self._versionstamp is not None:
-            self._finish(req.version, req.stamp if self._versionstamp is not None else None)
+        return req
 
     def _fail_attempt(self, err: KVError) -> None:
         """A started commit failed: its error goes to the watches and the versionstamp

@@ -25,7 +25,7 @@ from trio.lowlevel import checkpoint_if_cancelled
 
 from . import atomic as _atomic
 from .atomic import apply_atomic
-from .engine import CommitRequest, Watch
+from .engine import CommitRequest, Watch, new_commit_request
 from .errors import KVError
 from .limits import (
     DEFAULT_MAX_RETRY_DELAY,
@@ -1345,7 +1345,7 @@ class Transaction:
         # The lists are handed over, not copied: a committing transaction is
         # frozen (2017 on any use), and a retry starts from fresh ones
         # (_reset_state). The engine appends stamped keys to write_points.
-        req = CommitRequest(
+        req = new_commit_request(  # (CommitRequest(...) without type.__call__'s trip into __init__)
             read_version, self._read_ranges, self._write_ranges, self._mutations,
             self._read_points, self._write_points, self._stamped, size, self,
         )

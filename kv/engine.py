@@ -112,44 +112,13 @@ class CommitRequest:
     """What a transaction sends to the pipeline, and what it gets back.
 
     A plain slotted class (not a dataclass with default factories): one is
-    built per commit, on the hot path.
+    built per commit, on the hot path, by :func:`new_commit_request` (its one
+    constructor, which says what each slot holds).
     """
 
     __slots__ = ("read_version", "read_ranges", "write_ranges", "mutations", "read_points",
                  "write_points", "stamped", "size", "tag", "version", "batch_version", "order", "error",
                  "done", "task", "lead")
-
-    def __init__(
-        self,
-        read_version: int,
-        read_ranges: list[tuple[bytes, bytes]],
-        write_ranges: list[tuple[bytes, bytes]],
-        mutations: list[Mutation],
-        # (sequences the engine only reads: the empty tuple is a fine default)
-        read_points: Sequence[bytes] = (),   # single-key read conflicts
-        write_points: Sequence[bytes] = (),  # single-key write conflicts
-        # (index into mutations, kind, key, value, offset): stamped at resolve time
-        stamped: Sequence[tuple[int, str, bytes, bytes, int]] = (),
-        size: int = 0,
-        tag: Any = None,  # the Transaction, for hooks
-    ) -> None:
-        self.read_version = read_version
-        self.read_ranges = read_ranges
-        self.write_ranges = write_ranges
-        self.mutations = mutations
-        self.read_points = read_points
-        self.write_points = write_points
-        self.stamped = stamped
-        self.size = size
-        self.tag = tag
-        # results
-        self.version = -1  # the commit version, once committed
-        self.batch_version = -1  # the version of the batch that accepted it (set at resolve)
-        self.order = -1  # position in that batch: the versionstamp's last two bytes
-        self.error: BaseException | None = None
-        self.done = False
-        self.task: Any = None  # the parked committer's trio task, while it waits
-        self.lead: Any = None  # a submitted batch this waiter must see through (Engine._finish_submitted)
 
     @property
     def stamp(self) -> bytes | None:
@@ -165,17 +134,23 @@ class CommitRequest:
 _new_object = object.__new__
 
 
-def new_commit_request(read_version: int, read_ranges: list[tuple[bytes, bytes]],
-                       write_ranges: list[tuple[bytes, bytes]], mutations: list[Mutation],
-                       read_points: Sequence[bytes], write_points: Sequence[bytes],
-                       stamped: Sequence[tuple[int, str, bytes, bytes, int]], size: int,
-                       tag: Any) -> CommitRequest:
-    """``CommitRequest(...)`` with every argument given, as Transaction's commit builds one
-    per commit. Calling the class runs ``__init__`` from C (type.__call__: a fresh
-    interpreter entry, not a Python-to-Python call CPython 3.11 inlines); this is an
-    ordinary call, the object made by ``object.__new__`` and its slots set here, the same
-    values ``__init__`` sets (keep the two in step: tests/kv/test_s18d_commit_request.py
-    compares them slot by slot)."""
+def new_commit_request(
+    read_version: int,
+    read_ranges: list[tuple[bytes, bytes]],
+    write_ranges: list[tuple[bytes, bytes]],
+    mutations: list[Mutation],
+    # (sequences the engine only reads: the empty tuple is a fine default)
+    read_points: Sequence[bytes] = (),   # single-key read conflicts
+    write_points: Sequence[bytes] = (),  # single-key write conflicts
+    # (index into mutations, kind, key, value, offset): stamped at resolve time
+    stamped: Sequence[tuple[int, str, bytes, bytes, int]] = (),
+    size: int = 0,
+    tag: Any = None,  # the Transaction, for hooks
+) -> CommitRequest:
+    """A new :class:`CommitRequest` (the lists are the caller's, not copied). A function
+    rather than ``__init__``: calling a class runs ``__init__`` from C (type.__call__, a
+    fresh interpreter entry), where this is an ordinary Python call CPython 3.11 inlines,
+    one per commit."""
     req = _new_object(CommitRequest)
     req.read_version = read_version
     req.read_ranges = read_ranges
@@ -186,13 +161,14 @@ def new_commit_request(read_version: int, read_ranges: list[tuple[bytes, bytes]]
     req.stamped = stamped
     req.size = size
     req.tag = tag
-    req.version = -1
-    req.batch_version = -1
-    req.order = -1
-    req.error = None
+    # results
+    req.version = -1  # the commit version, once committed
+    req.batch_version = -1  # the version of the batch that accepted it (set at resolve)
+    req.order = -1  # position in that batch: the versionstamp's last two bytes
+    req.error = None  # (BaseException | None)
     req.done = False
-    req.task = None
-    req.lead = None
+    req.task = None  # the parked committer's trio task, while it waits
+    req.lead = None  # a submitted batch this waiter must see through (Engine._finish_submitted)
     return req
 
 

@@ -340,6 +340,13 @@ def _atomic_op(op: int, name: str) -> Callable[["Transaction", bytes, bytes], No
     return atomic
 
 
+def cancel_pending(task: Any) -> bool:
+    """trio's checkpoint_if_cancelled() test without its coroutine (~0.3 us a commit): whether
+    ``task`` (the current one) would be cancelled, or interrupted, at a checkpoint now. Read from
+    trio's run state (trio is pinned in pyproject.toml). commit() and Database.transact
+    checkpoint before handing a commit over only when this says so."""
+    return task._cancel_status.effectively_cancelled or (task is task._runner.main_task and task._runner.ki_pending)
+
 class Transaction:
     """One FoundationDB-semantics transaction on the embedded engine.
 
@@ -384,31 +391,7 @@ class Transaction:
         self._retries = 0
         self._snap = None
         self._versionstamp: _Deferred | None = None
-        # _clear_state's assignments written out (a call less per transaction, ~360 instructions
-        # of every commit): keep the two in step (tests/kv/test_s18b_txn_state.py compares a new
-        # transaction's state with a reset one's, slot by slot).
-        self._read_version: int | None = None
-        self._writes: dict[bytes, tuple] | None = None
-        self._sorted_write_keys: list[bytes] | None = None
-        self._clears: list[tuple[bytes, bytes]] = _EMPTY
-        self._clear_begins: list[bytes] = _EMPTY
-        self._mutations: list[tuple] = []
-        self._stamped: list[tuple[int, str, bytes, bytes, int]] = _EMPTY
-        self._unreadable_ranges: list[tuple[bytes, bytes]] = _EMPTY
-        self._unreadable_begins: list[bytes] = _EMPTY
-        self._unreadable_new: list[tuple[int, str, bytes, bytes, int]] = _EMPTY
-        self._read_ranges: list[tuple[bytes, bytes]] = _EMPTY
-        self._read_points: list[bytes] = _EMPTY
-        self._write_ranges: list[tuple[bytes, bytes]] = _EMPTY
-        self._write_points: list[bytes] = []
-        self._size = 0
-        self._next_write_no_conflict = False
-        self._commit_started = False
-        self._committed_version: int | None = None
-        self._cancelled = 0
-        self._watches: list[Watch] = _EMPTY
-        self._drop_guard: weakref.ref | None = None
-        self._slow = False  # (no timeout yet)
+        self._clear_state()
 
     @property
     def options(self) -> TransactionOptions:
@@ -435,7 +418,8 @@ class Transaction:
         self._clear_state()
 
     def _clear_state(self) -> None:
-        """The per-attempt state of a new attempt (``__init__`` sets the same, written out)."""
+        """The per-attempt state of a new attempt (a new transaction calls only this:
+        it has no snapshot or versionstamp to drop)."""
         self._read_version: int | None = None
         # key -> (kind, ..., payload): see _SET. Built at its first use (_write_map): until then
         # (None) every mutation in the log is a plain set, which is its own entry.
@@ -1291,7 +1275,7 @@ class Transaction:
         # of its own, and that call is ~0.3 us of every commit (checked by
         # test_cancellation; trio is pinned, and kv.lmdb_engine reads its run state too).
         task = _trio_run.GLOBAL_RUN_CONTEXT.task
-        if task._cancel_status.effectively_cancelled or (task is task._runner.main_task and task._runner.ki_pending):
+        if cancel_pending(task):
             await checkpoint_if_cancelled()  # raises here
         task._cancel_points += 1  # (what checkpoint_if_cancelled counts when it passes)
         engine = self._engine
@@ -1309,12 +1293,22 @@ class Transaction:
         try:
             await engine.commit(req)
         except BaseException as exc:
-            self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
+            self._commit_failed(exc)
             raise
+        self._commit_done(req)
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        """The engine's commit of this attempt raised ``exc``: the attempt fails with it (1101
+        when it is not a KVError, e.g. a cancellation reaching the wait). commit() and
+        Database.transact both end a failed commit here."""
+        self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
+
+    def _commit_done(self, req: CommitRequest) -> None:
+        """The engine committed ``req``: commit()'s and Database.transact's common end."""
         self._committed_version = req.version
         # _finish's other steps, only when there is something for them: the snapshot was closed
-        # above and no read can open one from here (commit_started), so watches to arm and a
-        # versionstamp to answer are all that remain (most commits have neither).
+        # before the commit and no read can open one from here (commit_started), so watches to
+        # arm and a versionstamp to answer are all that remain (most commits have neither).
         if self._watches or self._versionstamp is not None:
             self._finish(req.version, req.stamp if self._versionstamp is not None else None)
 
@@ -1345,7 +1339,7 @@ class Transaction:
         # The lists are handed over, not copied: a committing transaction is
         # frozen (2017 on any use), and a retry starts from fresh ones
         # (_reset_state). The engine appends stamped keys to write_points.
-        req = new_commit_request(  # (CommitRequest(...) without type.__call__'s trip into __init__)
+        req = new_commit_request(
             read_version, self._read_ranges, self._write_ranges, self._mutations,
             self._read_points, self._write_points, self._stamped, size, self,
         )

@@ -48,17 +48,11 @@ MAX_PROBLEMS = 5
 class RecordingTransaction(Transaction):
     """A real kv transaction that also logs its non-snapshot reads for the oracle."""
 
-    # The read log and the write number belong to one attempt: a new transaction starts them here
-    # (kv's __init__ sets its per-attempt state itself, calling no hook), and every later attempt
-    # in _reset_state (reset, on_error).
-    def __init__(self, db: Any) -> None:
-        super().__init__(db)
+    # The read log and the write number belong to one attempt: kv starts every attempt's state,
+    # a new transaction's included, in _clear_state.
+    def _clear_state(self) -> None:
+        super()._clear_state()  # type: ignore[misc]
         self._sim_log: list[tuple] = []
-        self._sim_k = None
-
-    def _reset_state(self) -> None:
-        super()._reset_state()
-        self._sim_log = []
         self._sim_k = None
 
     def _network(self, commit: bool = False) -> Awaitable[None] | None:

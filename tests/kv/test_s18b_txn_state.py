@@ -1,5 +1,5 @@
-"""Session 18 (b): a new transaction's per-attempt state is written out in ``__init__`` (no
-``_clear_state`` call): it must stay exactly the state every later attempt starts from."""
+"""A new transaction's per-attempt state is exactly the state every later attempt (reset,
+on_error) starts from."""
 
 from __future__ import annotations
 

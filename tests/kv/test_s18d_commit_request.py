@@ -1,6 +1,5 @@
-"""kv.engine.new_commit_request (session 18, helper-77): Transaction's commit builds its
-CommitRequest through it instead of calling the class (type.__call__ runs __init__ from C,
-a fresh interpreter entry a commit). It must set exactly what CommitRequest.__init__ sets."""
+"""kv.engine.new_commit_request, CommitRequest's one constructor (Transaction's commit builds
+its request through it): every slot set, the caller's lists handed over."""
 
 import trio
 
@@ -12,15 +11,20 @@ def _slots(req):
     return {name: getattr(req, name) for name in CommitRequest.__slots__}
 
 
-def test_same_slots_as_init():
+def test_slots_hold_the_arguments_and_the_result_defaults():
     args = (7, [(b"a", b"b")], [(b"c", b"d")], [("set", b"k", b"v")], [b"r"], [b"w"],
             [(0, "key", b"k", b"v", 0)], 42, object())
-    made, built = new_commit_request(*args), CommitRequest(*args)
+    made = new_commit_request(*args)
     assert type(made) is CommitRequest
-    assert _slots(made) == _slots(built)
-    # the lists are the caller's own (handed over, not copied), as with __init__
-    for name in ("read_ranges", "write_ranges", "mutations", "read_points", "write_points", "stamped"):
-        assert getattr(made, name) is getattr(built, name)
+    given = ("read_version", "read_ranges", "write_ranges", "mutations", "read_points", "write_points",
+             "stamped", "size", "tag")
+    assert _slots(made) == {**dict(zip(given, args)), "version": -1, "batch_version": -1, "order": -1,
+                            "error": None, "done": False, "task": None, "lead": None}
+    # the lists are the caller's own (handed over, not copied)
+    for name, arg in zip(given, args):
+        assert getattr(made, name) is arg
+    short = new_commit_request(1, [], [], [])
+    assert (short.read_points, short.write_points, short.stamped, short.size, short.tag) == ((), (), (), 0, None)
     assert made.stamp is None
     made.batch_version, made.order = 5, 3
     assert made.stamp == (5).to_bytes(8, "big") + (3).to_bytes(2, "big")
@@ -59,7 +63,7 @@ def test_commit_hands_engine_a_full_request(tmp_path):
             for s, req in seen[-2:]:
                 assert type(req) is CommitRequest
                 assert req.done and req.error is None and req.version > 0
-            for s in before:  # as __init__ leaves them, when handed to the engine
+            for s in before:  # as new_commit_request leaves them, when handed to the engine
                 assert (s["version"], s["batch_version"], s["order"], s["error"], s["done"], s["task"],
                         s["lead"]) == (-1, -1, -1, None, False, None, None)
                 assert s["mutations"] and s["write_points"]

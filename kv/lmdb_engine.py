@@ -460,13 +460,17 @@ class LmdbStore:
         """
         released, counts = self._released, self._snap_counts
         floor_stale = False
-        while released:
-            base, version = released.pop()
-            counts[version] -= 1
-            if base.refs == 0 and base is not self._base and base in self._old_bases:
-                base.txn.abort()
-                self._old_bases.remove(base)
-                floor_stale = True
+        if released:
+            while released:
+                base, version = released.pop()
+                counts[version] -= 1
+                if base.refs == 0 and base is not self._base and base in self._old_bases:
+                    base.txn.abort()
+                    self._old_bases.remove(base)
+                    floor_stale = True
+            # Forget the versions no snapshot reads any more (else, with no tombstone ever
+            # purged, the only other caller, they piled up: an entry per batch, for good).
+            self._oldest_snapshot_version()
         if self._checkpoint_due:
             self._take_new_base()
         if floor_stale:
@@ -860,8 +864,27 @@ class LmdbStore:
     def _publish(self, version: int, touched: list[bytes], dead: list[tuple[int, bytes]], nbytes: int,
                  sealed: bool) -> None:
         self._version = version
-        if self._shared is not None:
-            self._drop_shared()
+        snap = self._shared
+        if snap is not None:
+            if snap.holders:
+                self._drop_shared()  # its holders keep it at its version; the next snapshot() makes a new one
+            else:
+                # Nobody holds the current view (a lone committer closed it at its commit):
+                # it becomes the view at the new version, on the same base, as if dropped
+                # (_release, then _maintain's accounting) and made again by the next
+                # snapshot() -- without a new object, a finalizer and a trip through
+                # _released every lone batch.
+                counts = self._snap_counts
+                old = snap.version
+                left = counts[old] - 1
+                if left or self._snap_order[0] != old:
+                    counts[old] = left
+                else:  # the oldest remembered version, now unread: forgotten here
+                    del counts[old]
+                    self._snap_order.popleft()
+                snap.version = version
+                counts[version] = 1  # (a new version: every snapshot so far is below it)
+                self._snap_order.append(version)
         # a tuple: untracked by the collector after one pass (a list never is)
         self._recent.append((version, tuple(touched)))
         if dead:

@@ -11,6 +11,7 @@ readers concatenate the range in key order.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import os
 import struct
@@ -23,7 +24,7 @@ import kv
 __all__ = [
     "fastpack", "pack_str", "pack_uint", "dumps", "loads", "canonical_dumps", "canonical_hash", "canonical_dumps_and_hash", "pack_i64", "unpack_i64",
     "CHUNK_SIZE", "split_chunks", "write_chunks", "read_chunks", "encoded_size", "id_source",
-    "Encoded", "cbor_uint",
+    "Encoded", "cbor_uint", "own_dumps",
 ]
 
 #: Bytes per chunk: under the 100,000-byte value limit with room for nothing else.
@@ -37,6 +38,19 @@ assert CHUNK_SIZE < kv.limits.VALUE_SIZE_LIMIT
 #: wrapper was one more Python frame for each.
 dumps: Callable[[Any], bytes] = cbor2.dumps
 loads: Callable[[bytes | memoryview], Any] = cbor2.loads
+
+
+def own_dumps() -> Callable[[Any], bytes]:
+    """A :func:`dumps` of one's own, for an object used from one thread only (a Journal or
+    Transcripts, bound to their database's trio run): one default-options encoder made here,
+    its ``encode_to_bytes``. ``cbor2.dumps`` builds a CBOREncoder and its output file every
+    call, ~1,200 of the ~5,600 instructions a small map costs; the same bytes (cbor2.dumps is
+    that encoder with the same defaults), and nothing is carried from a call to the next (a
+    buffer of its own per call: calls nested in one another and calls after an error are
+    whole). Not shared between threads: two threads encoding with one encoder at once get each
+    other's output (tests/sessions/test_s19_codec_encoder.py shows it), which is why the
+    module's :func:`dumps` stays cbor2.dumps."""
+    return cbor2.CBOREncoder(io.BytesIO()).encode_to_bytes
 
 
 class Encoded(bytes):

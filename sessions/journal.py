@@ -51,7 +51,7 @@ import trio
 import kv
 
 from . import events as ev
-from .codec import Encoded, dumps, loads, pack_i64, unpack_i64
+from .codec import Encoded, dumps, loads, own_dumps, pack_i64, unpack_i64
 from .errors import CursorBehind, InvalidCursor, NotFound, TooLarge
 from .keyspace import SessionsKeyspace
 from .owners import OwnerLike, as_tag
@@ -245,6 +245,9 @@ class Journal:
         self._due: set[tuple[str, str]] = set()
         self._grown_event = trio.Event()
         self._recent: set[tuple[str, str]] = set()    # trimmed since the last sweep
+        # Event data encoded by an encoder of the journal's own (a journal is used from its
+        # database's trio thread only): see codec.own_dumps.
+        self._dumps = own_dumps()
 
     # -- writing ------------------------------------------------------------
 
@@ -311,7 +314,7 @@ class Journal:
             except (KeyError, TypeError):
                 raise ValueError(f"unknown journal event type {etype!r}; see sessions.events") from None
             # (data already encoded by the caller: its bytes; see sessions.codec.Encoded)
-            value = head + (data if data.__class__ is Encoded else dumps(data)) + tail
+            value = head + (data if data.__class__ is Encoded else self._dumps(data)) + tail
             if len(value) > MAX_EVENT_BYTES:
                 raise TooLarge(f"journal event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}; store the payload "
                                "in the transcript or an attachment and reference it")

@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import kv
 
-from .codec import _SMALL_INTS, CHUNK_SIZE, dumps, fastpack, loads, pack_uint, split_chunks
+from .codec import _SMALL_INTS, CHUNK_SIZE, dumps, fastpack, loads, own_dumps, pack_uint, split_chunks
 from .errors import InvalidState, NotFound, SessionConflict, TooLarge
 from .keyspace import SessionsKeyspace
 from .owners import OwnerLike, as_tag
@@ -149,6 +149,9 @@ class Transcripts:
         self._head_memo: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
         # (owner tag, session id) -> (tag, head key, messages prefix): see _append_keys.
         self._appends: dict[tuple[str, str], tuple[str, bytes, bytes]] = {}
+        # Messages and heads encoded by an encoder of its own (used from the database's trio
+        # thread only): see codec.own_dumps.
+        self._dumps = own_dumps()
 
     def _append_keys(self, owner: OwnerLike, sid: str) -> tuple[str, bytes, bytes]:
         """``(tag, head key, messages prefix)`` of a session an append writes, the owner and
@@ -327,7 +330,7 @@ class Transcripts:
                 if not isinstance(m, Mapping):
                     raise TypeError("a transcript message is a dict")
                 m = dict(m)
-            data = dumps(m)
+            data = self._dumps(m)
             encoded.append(data)
             k = len(data)
             size += k + _KEY_OVERHEAD if k < CHUNK_SIZE else k + _KEY_OVERHEAD * (1 + k // CHUNK_SIZE)
@@ -369,7 +372,7 @@ class Transcripts:
             if not head.get("mark", 0) <= mark < head["n"]:
                 raise ValueError(f"mark {mark} outside [{head.get('mark', 0)}, {head['n']})")
             head["mark"] = mark
-        raw = dumps(head)
+        raw = self._dumps(head)
         tr.set(head_key, raw)
         # Remembered by its bytes (a pure decoding: right whether or not this commits), so the
         # next append, which reads these bytes back, does not decode them.

@@ -7,7 +7,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from trio._core import _run as _trio_run
 
-from .engine import Engine
+from .engine import Engine, _stamp
 from .errors import KVError
 from .transaction import Transaction
 
@@ -59,7 +59,7 @@ class Database:
                 # tr.commit()'s steps for the usual case (a transaction without a timeout,
                 # watches or a cancelled/used state, whose class keeps Transaction.commit),
                 # the engine awaited from here, without commit()'s coroutine frame (~1k
-                # instructions a commit): commit()'s own methods (_commit_request,
+                # instructions a commit): commit()'s own methods (_prepare_commit,
                 # _commit_failed), with transaction.cancel_pending's test and _commit_done's
                 # body (no watches here) written in, a call less each (~0.9k a commit
                 # together, w64). Anything else: commit().
@@ -69,16 +69,15 @@ class Database:
                     await tr.commit()
                     return result
                 task._cancel_points += 1  # (commit()'s checkpoint_if_cancelled, passed)
-                req = tr._commit_request()
-                if req is not None:
+                if tr._prepare_commit():
                     try:
-                        await tr._engine.commit(req)
+                        await tr._engine.commit(tr)
                     except BaseException as exc:
                         tr._commit_failed(exc)
                         raise
-                    tr._committed_version = req.version
+                    version = tr._committed_version = tr._batch_version
                     if tr._versionstamp is not None:  # (no watches: they make a transaction _slow)
-                        tr._finish(req.version, req.stamp)
+                        tr._finish(version, _stamp(version, tr._batch_order))
                 return result
             except KVError as e:
                 if e.code == 1021:

@@ -27,7 +27,7 @@ import random
 import time
 import types
 from operator import attrgetter
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol
 
 import trio
 from trio._core import _run as _trio_run  # the run state: see _deliver (trio is pinned in pyproject.toml)
@@ -108,68 +108,75 @@ class FaultHooks:
         return None
 
 
-class CommitRequest:
-    """What a transaction sends to the pipeline, and what it gets back.
+# What the pipeline carries: the committing kv Transaction itself (``Engine.commit(tr)``), not
+# a request object built per commit and given the transaction's lists: that was a call, an
+# allocation and sixteen slot stores a commit (instr.sh w64 46.65k -> 43.64k a commit, -6.5%,
+# when dropped). The engine reads the attempt's own attributes, kept by the transaction as it
+# goes (``_read_version``, ``_read_ranges``, ``_read_points``, ``_write_ranges``,
+# ``_write_points``, ``_mutations``, ``_stamped``, ``_size``: see Transaction._clear_state),
+# and owns six slots of it for the commit's course (``Engine.commit`` sets the last four on entry):
+#   _batch_version    the version of the batch that accepted it: its commit version (set at resolve)
+#   _batch_order      its position in that batch, the versionstamp's last two bytes (set at resolve)
+#   _commit_error     the commit's failure (a BaseException), or None
+#   _commit_answered  True once the pipeline is done with it (committed or failed)
+#   _parked_task      the committer's trio task while it is parked, else None
+#   _lead_batch       a submitted batch this waiter must see through (Engine._finish_submitted)
+# Reading the transaction in place is exact: a committing transaction is frozen (every use is
+# 2017 until reset/on_error, which start the next attempt with fresh lists), and
+# ``Engine.commit`` does not return before the pipeline is done with it.
+#
+# The fault hooks (the simulator's, tests') see each accepted transaction as a CommitRequest
+# (below), made for each hook call and only when hooks are installed.
 
-    A plain slotted class (not a dataclass with default factories): one is
-    built per commit, on the hot path, by :func:`new_commit_request` (its one
-    constructor, which says what each slot holds).
-    """
+
+Committing = Any  # a kv Transaction handed to Engine.commit (see above)
+
+
+def _stamp(version: int, order: int) -> bytes:
+    """The 10-byte versionstamp of the request at ``order`` in the batch at ``version``."""
+    return version.to_bytes(8, "big") + order.to_bytes(2, "big")
+
+
+class CommitRequest:
+    """An accepted transaction as the fault hooks see it (``before_apply`` / ``after_apply``):
+    what it sent to the pipeline (its lists, not copies; ``write_points`` without a stamped
+    key's final key) and where it landed (``batch_version``, ``order``, ``stamp``); ``tag`` is
+    the transaction. Made by :func:`_hook_requests` for each hook call (the two hooks of a
+    batch get different objects), only when hooks are installed: the pipeline itself carries
+    the transactions (see above). ``after_apply`` returns failures keyed by these requests."""
 
     __slots__ = ("read_version", "read_ranges", "write_ranges", "mutations", "read_points",
-                 "write_points", "stamped", "size", "tag", "version", "batch_version", "order", "error",
-                 "done", "task", "lead")
+                 "write_points", "stamped", "size", "tag", "batch_version", "order")
 
     @property
     def stamp(self) -> bytes | None:
         """The 10-byte versionstamp (commit version + batch order), once accepted."""
         if self.order < 0:
             return None
-        return self.batch_version.to_bytes(8, "big") + self.order.to_bytes(2, "big")
+        return _stamp(self.batch_version, self.order)
 
     def __repr__(self) -> str:
-        return f"<CommitRequest rv={self.read_version} version={self.version} order={self.order} error={self.error!r}>"
+        return f"<CommitRequest rv={self.read_version} version={self.batch_version} order={self.order}>"
 
 
-_new_object = object.__new__
-
-
-def new_commit_request(
-    read_version: int,
-    read_ranges: list[tuple[bytes, bytes]],
-    write_ranges: list[tuple[bytes, bytes]],
-    mutations: list[Mutation],
-    # (sequences the engine only reads: the empty tuple is a fine default)
-    read_points: Sequence[bytes] = (),   # single-key read conflicts
-    write_points: Sequence[bytes] = (),  # single-key write conflicts
-    # (index into mutations, kind, key, value, offset): stamped at resolve time
-    stamped: Sequence[tuple[int, str, bytes, bytes, int]] = (),
-    size: int = 0,
-    tag: Any = None,  # the Transaction, for hooks
-) -> CommitRequest:
-    """A new :class:`CommitRequest` (the lists are the caller's, not copied). A function
-    rather than ``__init__``: calling a class runs ``__init__`` from C (type.__call__, a
-    fresh interpreter entry), where this is an ordinary Python call CPython 3.11 inlines,
-    one per commit."""
-    req = _new_object(CommitRequest)
-    req.read_version = read_version
-    req.read_ranges = read_ranges
-    req.write_ranges = write_ranges
-    req.mutations = mutations
-    req.read_points = read_points
-    req.write_points = write_points
-    req.stamped = stamped
-    req.size = size
-    req.tag = tag
-    # results
-    req.version = -1  # the commit version, once committed
-    req.batch_version = -1  # the version of the batch that accepted it (set at resolve)
-    req.order = -1  # position in that batch: the versionstamp's last two bytes
-    req.error = None  # (BaseException | None)
-    req.done = False
-    req.task = None  # the parked committer's trio task, while it waits
-    req.lead = None  # a submitted batch this waiter must see through (Engine._finish_submitted)
-    return req
+def _hook_requests(batch: list[Any]) -> list[CommitRequest]:
+    """The hooks' view of ``batch`` (committing transactions, resolved): a CommitRequest each."""
+    out = []
+    for tr in batch:
+        req = object.__new__(CommitRequest)
+        req.read_version = tr._read_version
+        req.read_ranges = tr._read_ranges
+        req.write_ranges = tr._write_ranges
+        req.mutations = tr._mutations
+        req.read_points = tr._read_points
+        req.write_points = tr._write_points
+        req.stamped = tr._stamped
+        req.size = tr._size
+        req.tag = tr
+        req.batch_version = tr._batch_version
+        req.order = tr._batch_order
+        out.append(req)
+    return out
 
 
 class Watch:
@@ -212,7 +219,7 @@ class Watch:
         self._fire(KVError(1101, "watch cancelled"))
 
 
-_request_size = attrgetter("size")  # a CommitRequest's size (Engine._take_batch)
+_request_size = attrgetter("_size")  # a committing transaction's size (Engine._take_batch)
 
 
 def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
@@ -265,9 +272,9 @@ else:  # pragma: no cover
     _schedule_point = trio.lowlevel.cancel_shielded_checkpoint
 
 
-def _wake(req: "CommitRequest") -> None:
+def _wake(req: "Committing") -> None:
     """Reschedule ``req``'s parked task, if it is parked (at most once per park)."""
-    task, req.task = req.task, None
+    task, req._parked_task = req._parked_task, None
     if task is not None:
         reschedule(task, _WOKEN)
 
@@ -293,21 +300,21 @@ def _stamp_into(payload: bytes, offset: int, stamp: bytes) -> bytes:
     return payload[:offset] + stamp + payload[offset + 10 :]
 
 
-def _stamped_mutations(req: "CommitRequest") -> list[Mutation]:
-    """``req``'s mutations with its versionstamps filled in (its batch order set), a new
-    list; the stamped keys join a copy of its write points (the transaction's own list
-    stays as it was)."""
-    stamp = req.stamp
-    muts = list(req.mutations)
-    points = req.write_points = list(req.write_points)
-    for index, kind, key, value, offset in req.stamped:  # (_stamp_into inlined: ~3 a commit in a turn)
+def _stamped_mutations(req: "Committing", version: int) -> tuple[list[Mutation], list[bytes]]:
+    """``req``'s mutations with its versionstamps filled in (it is at order 0 of the batch at
+    ``version``), a new list, and its write points with the stamped keys added, a new list
+    too (the transaction's own lists stay as it made them)."""
+    stamp = _stamp(version, 0)
+    muts = list(req._mutations)
+    points = list(req._write_points)
+    for index, kind, key, value, offset in req._stamped:  # (_stamp_into inlined: ~3 a commit in a turn)
         if kind == "key":
             final = key[:offset] + stamp + key[offset + 10 :]
             muts[index] = ("set", final, value)
             points.append(final)
         else:
             muts[index] = ("set", key, value[:offset] + stamp + value[offset + 10 :])
-    return muts
+    return muts, points
 
 
 class Engine:
@@ -351,7 +358,7 @@ class Engine:
         self._max_read_version = self._last_version
         self._applying_version: int | None = None  # the oldest batch out (written, not yet published)
         self._last_assigned = self._last_version  # the newest batch version handed out
-        self._pending: list[CommitRequest] = []
+        self._pending: list[Committing] = []
         self._writing = False
         self._handed_on = False  # the pipeline's owner gave it to a waiter (_hand): set per turn
         self._watches: dict[bytes, set[Watch]] = {}
@@ -420,8 +427,9 @@ class Engine:
 
     # -- commits ----------------------------------------------------------
 
-    async def commit(self, req: CommitRequest) -> None:
-        """Resolve and durably apply ``req`` (with whatever else is pending).
+    async def commit(self, req: Committing) -> None:
+        """Resolve and durably apply ``req``, a committing transaction (see Committing),
+        with whatever else is pending.
 
         Not cancellable once called: a commit handed to the pipeline may or may
         not happen, so the caller must not walk away half-way (FoundationDB's
@@ -435,12 +443,15 @@ class Engine:
         """
         if self.closed:
             raise KVError(2000, "database is closed")
+        # (the slots the engine owns for the commit's course: see Committing)
+        req._commit_answered = False
+        req._commit_error = req._parked_task = req._lead_batch = None
         self._pending.append(req)
-        while not req.done:
-            if req.lead is not None:
+        while not req._commit_answered:
+            if req._lead_batch is not None:
                 # The batch ahead of ours handed us the one we are in, already
                 # on its way to disk: see it through, then pass the pipeline on.
-                lead, req.lead = req.lead, None
+                lead, req._lead_batch = req._lead_batch, None
                 self._handed_on = False
                 try:
                     if self._waits_refuse_cancel:
@@ -458,7 +469,7 @@ class Engine:
                 try:
                     batch = self._take_batch()
                     if batch and self._can_apply_inline(
-                            len(batch[0].mutations) if len(batch) == 1 else sum([len(r.mutations) for r in batch])):
+                            len(batch[0]._mutations) if len(batch) == 1 else sum([len(r._mutations) for r in batch])):
                         # Nothing else could run meanwhile: resolve, write and
                         # finish without a thread hop or a cancel scope (no
                         # await happens in between, so nothing can cancel it).
@@ -482,22 +493,22 @@ class Engine:
                     # woken into trio's current batch is invisible from here.
                     await _schedule_point()
             else:
-                req.task = _trio_run.GLOBAL_RUN_CONTEXT.task  # (current_task() without the call)
+                req._parked_task = _trio_run.GLOBAL_RUN_CONTEXT.task  # (current_task() without the call)
                 await _park()
-        if req.error is not None:
-            raise req.error
+        if req._commit_error is not None:
+            raise req._commit_error
 
     def _release_pipeline(self) -> None:
         self._writing = False
         if self._pending:  # hand the pipeline to the next waiter
             _wake(self._pending[0])
 
-    def _take_batch(self, most: int = MAX_BATCH_TRANSACTIONS) -> list[CommitRequest]:
+    def _take_batch(self, most: int = MAX_BATCH_TRANSACTIONS) -> list[Committing]:
         """The next batch: the pending requests from the front, at most ``most`` of them
         (and within MAX_BATCH_TRANSACTIONS / MAX_BATCH_BYTES)."""
         assert 0 < most <= MAX_BATCH_TRANSACTIONS
         pending = self._pending
-        if len(pending) == 1 and pending[0].size <= MAX_BATCH_BYTES:  # a lone request (every inline commit)
+        if len(pending) == 1 and pending[0]._size <= MAX_BATCH_BYTES:  # a lone request (every inline commit)
             self._pending = []
             return pending
         if len(pending) <= most and sum(map(_request_size, pending)) <= MAX_BATCH_BYTES:
@@ -507,15 +518,15 @@ class Engine:
             return pending
         n = size = 0
         for r in self._pending:
-            if n >= most or (n and size + r.size > MAX_BATCH_BYTES):
+            if n >= most or (n and size + r._size > MAX_BATCH_BYTES):
                 break
             n += 1
-            size += r.size
+            size += r._size
         batch = self._pending[:n]
         del self._pending[:n]
         return batch
 
-    def _resolve(self, batch: list[CommitRequest]) -> tuple[int, list[CommitRequest], list[Mutation]]:
+    def _resolve(self, batch: list[Committing]) -> tuple[int, list[Committing], list[Mutation]]:
         """Check ``batch`` in order against the MVCC window and the resolver.
 
         Returns the batch's version, the accepted requests (stamped, their
@@ -536,64 +547,67 @@ class Engine:
             # loop below, for one request, without its lists. Its own list of mutations
             # serves when nothing is stamped: nothing writes to it.
             req = batch[0]
-            if req.read_ranges or req.read_points:
-                if req.read_version < version - self.mvcc_window:
-                    req.error = KVError(1007, "read version is older than the MVCC window")
+            if req._read_ranges or req._read_points:
+                if req._read_version < version - self.mvcc_window:
+                    req._commit_error = KVError(1007, "read version is older than the MVCC window")
                     self.stats["too_old"] += 1
                     return version, [], []
-                if self.resolver.conflicts(req.read_ranges, req.read_version, req.read_points):
-                    req.error = KVError(1020)
+                if self.resolver.conflicts(req._read_ranges, req._read_version, req._read_points):
+                    req._commit_error = KVError(1020)
                     self.stats["conflicts"] += 1
                     return version, [], []
-            req.batch_version = version
-            req.order = 0
-            muts = _stamped_mutations(req) if req.stamped else req.mutations
-            if req.write_points or req.write_ranges:
-                self.resolver.add(version, req.write_ranges, req.write_points)
+            req._batch_version = version
+            req._batch_order = 0
+            if req._stamped:
+                muts, points = _stamped_mutations(req, version)
+            else:
+                muts, points = req._mutations, req._write_points
+            if points or req._write_ranges:
+                self.resolver.add(version, req._write_ranges, points)
             return version, [req], muts
-        accepted: list[CommitRequest] = []
+        accepted: list[Committing] = []
         mutations: list[Mutation] = []
         window_floor = version - self.mvcc_window
         resolver = self.resolver
         unadded_points: list[bytes] = []  # accepted writes not yet given to the resolver
         unadded_ranges: list[tuple[bytes, bytes]] = []
         for req in batch:
-            if req.read_ranges or req.read_points:
-                if req.read_version < window_floor:
-                    req.error = KVError(1007, "read version is older than the MVCC window")
+            if req._read_ranges or req._read_points:
+                if req._read_version < window_floor:
+                    req._commit_error = KVError(1007, "read version is older than the MVCC window")
                     self.stats["too_old"] += 1
                     continue
                 if unadded_points or unadded_ranges:
                     resolver.add(version, unadded_ranges, unadded_points)
                     unadded_points, unadded_ranges = [], []
-                if resolver.conflicts(req.read_ranges, req.read_version, req.read_points):
-                    req.error = KVError(1020)
+                if resolver.conflicts(req._read_ranges, req._read_version, req._read_points):
+                    req._commit_error = KVError(1020)
                     self.stats["conflicts"] += 1
                     continue
-            req.batch_version = version
-            req.order = len(accepted)
+            req._batch_version = version
+            req._batch_order = len(accepted)
             base = len(mutations)
-            mutations += req.mutations
-            unadded_points += req.write_points
-            if req.stamped:
+            mutations += req._mutations
+            unadded_points += req._write_points
+            if req._stamped:
                 # (_stamped_mutations without its copies: the stamps go straight into the
                 # batch's own lists; the request's lists stay as the transaction made them)
-                stamp = req.stamp
-                for index, kind, key, value, offset in req.stamped:
+                stamp = _stamp(version, req._batch_order)
+                for index, kind, key, value, offset in req._stamped:
                     if kind == "key":
                         final = key[:offset] + stamp + key[offset + 10 :]
                         mutations[base + index] = ("set", final, value)
                         unadded_points.append(final)
                     else:
                         mutations[base + index] = ("set", key, value[:offset] + stamp + value[offset + 10 :])
-            if req.write_ranges:
-                unadded_ranges += req.write_ranges
+            if req._write_ranges:
+                unadded_ranges += req._write_ranges
             accepted.append(req)
         if unadded_points or unadded_ranges:
             resolver.add(version, unadded_ranges, unadded_points)
         return version, accepted, mutations
 
-    def _applied(self, version: int, accepted: list[CommitRequest], mutations: list[Mutation]) -> dict:
+    def _applied(self, version: int, accepted: list[Committing], mutations: list[Mutation]) -> dict:
         """Bookkeeping once a batch is durable; returns the hooks' injected failures."""
         self._last_version = version
         self.stats["batches"] += 1
@@ -602,39 +616,40 @@ class Engine:
         self._check_watches(version, mutations)
         if not self.hooked:
             return {}
-        return self._hooks.after_apply(version, accepted) or {}
+        requests = _hook_requests(accepted)
+        failures = self._hooks.after_apply(version, requests)
+        if not failures:
+            return {}
+        # (keyed by the hooks' requests: each one's transaction is what the pipeline answers)
+        return {req.tag: failures[req] for req in requests if req in failures}
 
-    def _deliver(self, batch: list[CommitRequest], version: int, failures: dict) -> None:
+    def _deliver(self, batch: list[Committing], version: int, failures: dict) -> None:
         if failures:  # a fault hook's (the simulator's) injected errors: look each request up
             for req in batch:
-                if req.error is None:
-                    req.version = version
-                    if req in failures:
-                        req.error = failures[req]
-                req.done = True
+                if req._commit_error is None and req in failures:
+                    req._commit_error = failures[req]
+                req._commit_answered = True
                 _wake(req)
             return
         # The common case, once per commit: _wake inlined, and the runner's own
         # reschedule called (trio.lowlevel.reschedule looks the runner up each time).
         resched = _trio_run.GLOBAL_RUN_CONTEXT.runner.reschedule
-        for req in batch:
-            if req.error is None:
-                req.version = version
-            req.done = True
-            task, req.task = req.task, None
+        for req in batch:  # (an accepted request's commit version is its _batch_version)
+            req._commit_answered = True
+            task, req._parked_task = req._parked_task, None
             if task is not None:
                 resched(task, _WOKEN)
 
-    def _fail(self, batch: list[CommitRequest], version: int, exc: BaseException) -> None:
+    def _fail(self, batch: list[Committing], version: int, exc: BaseException) -> None:
         """A crash or a storage failure: nobody in the batch committed (or knows)."""
         log.debug("batch at version %d failed: %r", version, exc)
         for req in batch:
-            if req.error is None:
-                req.error = exc
-            req.done = True
+            if req._commit_error is None:
+                req._commit_error = exc
+            req._commit_answered = True
             _wake(req)
 
-    def _write_inline(self, batch: list[CommitRequest]) -> None:
+    def _write_inline(self, batch: list[Committing]) -> None:
         """Resolve, apply and answer ``batch`` with the store's ``apply_sync``, on the loop.
 
         A plain call, not a coroutine: it never suspends, so nothing can
@@ -649,7 +664,7 @@ class Engine:
                 if self.closed:  # the store is closed: nothing may be written
                     raise KVError(2000, "database is closed")
                 if self.hooked:
-                    self._hooks.before_apply(version, accepted)
+                    self._hooks.before_apply(version, _hook_requests(accepted))
                 self.store.apply_sync(version, mutations)
                 failures = self._applied(version, accepted, mutations)
         except BaseException as exc:
@@ -659,7 +674,7 @@ class Engine:
             return
         self._deliver(batch, version, failures)
 
-    async def _write_one_batch(self, batch: list[CommitRequest]) -> None:
+    async def _write_one_batch(self, batch: list[Committing]) -> None:
         """Resolve, apply and answer ``batch`` through a store that is awaited (its sync helper).
 
         The caller shields it while the store writes. If it handed the
@@ -679,7 +694,7 @@ class Engine:
                 if self.closed:  # the store is closed (its sync helper gone): nothing would ever answer
                     raise KVError(2000, "database is closed")
                 if self.hooked:
-                    self._hooks.before_apply(version, accepted)
+                    self._hooks.before_apply(version, _hook_requests(accepted))
                 self._applying_version = version
                 try:
                     await self.store.apply(version, mutations)
@@ -693,7 +708,7 @@ class Engine:
             return
         self._deliver(batch, version, failures)
 
-    def _start(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
+    def _start(self, batch: list[Committing], version: int, accepted: list[Committing],
                mutations: list[Mutation]) -> Any:
         """Hand a resolved batch to the store (written, its sync under way); None if it is already answered."""
         if not accepted:
@@ -703,7 +718,7 @@ class Engine:
             if self.closed:  # the store is closed (its sync helper gone): nothing would ever answer
                 raise KVError(2000, "database is closed")
             if self.hooked:
-                self._hooks.before_apply(version, accepted)
+                self._hooks.before_apply(version, _hook_requests(accepted))
             job = self._submit(version, mutations)
         except BaseException as exc:
             self._fail(batch, version, exc)
@@ -737,11 +752,11 @@ class Engine:
         # Every request of that batch is a parked waiter (or already woken and
         # not yet run): its first one waits for it, then passes the pipeline on.
         waiter = lead[0][0]
-        waiter.lead = lead
+        waiter._lead_batch = lead
         self._handed_on = True
         _wake(waiter)
 
-    async def _finish_submitted(self, batch: list[CommitRequest], version: int, accepted: list[CommitRequest],
+    async def _finish_submitted(self, batch: list[Committing], version: int, accepted: list[Committing],
                                 mutations: list[Mutation], job: Any) -> None:
         """Wait for a submitted batch, then hand on the next one before answering this one.
 
@@ -793,7 +808,7 @@ class Engine:
         if lead is not None:
             self._hand(lead)
 
-    def _failed_submitted(self, batch: list[CommitRequest], version: int, exc: BaseException,
+    def _failed_submitted(self, batch: list[Committing], version: int, exc: BaseException,
                           nxt: tuple | None) -> None:
         """A submitted batch failed (``exc``): its members carry the error; the batch
         written behind it, if any, is handed on to its waiter, who sees it through

@@ -25,7 +25,7 @@ from trio.lowlevel import checkpoint_if_cancelled
 
 from . import atomic as _atomic
 from .atomic import apply_atomic
-from .engine import CommitRequest, Watch, new_commit_request
+from .engine import Watch, _stamp
 from .errors import KVError
 from .limits import (
     DEFAULT_MAX_RETRY_DELAY,
@@ -362,6 +362,9 @@ class Transaction:
         "_unreadable_ranges", "_unreadable_begins", "_unreadable_new", "_read_ranges", "_read_points",
         "_write_ranges", "_write_points", "_size", "_next_write_no_conflict", "_commit_started",
         "_committed_version", "_cancelled", "_watches", "_versionstamp", "_slow", "_drop_guard",
+        # The engine's, while it commits this transaction (kv.engine.Committing: the pipeline
+        # carries the transaction itself, and reads the attempt's lists above where they are)
+        "_batch_version", "_batch_order", "_commit_error", "_commit_answered", "_parked_task", "_lead_batch",
         "__weakref__",  # (_drop_guard's weak reference)
         # Layers may tag a transaction with attributes of their own (sessions.journal does);
         # every attribute of the transaction's own is a slot above, so the dict is only
@@ -1287,15 +1290,14 @@ class Transaction:
             for w in self._watches:
                 if not w.ready:
                     w.seen = await self._get(w.key, snapshot=True) if self._write_map().get(w.key, (None,))[0] != _UNREADABLE else None
-        req = self._commit_request()
-        if req is None:
+        if not self._prepare_commit():
             return
         try:
-            await engine.commit(req)
+            await engine.commit(self)
         except BaseException as exc:
             self._commit_failed(exc)
             raise
-        self._commit_done(req)
+        self._commit_done()
 
     def _commit_failed(self, exc: BaseException) -> None:
         """The engine's commit of this attempt raised ``exc``: the attempt fails with it (1101
@@ -1303,19 +1305,22 @@ class Transaction:
         Database.transact both end a failed commit here."""
         self._fail_attempt(exc if isinstance(exc, KVError) else KVError(1101, "commit did not complete"))
 
-    def _commit_done(self, req: CommitRequest) -> None:
-        """The engine committed ``req``: commit()'s and Database.transact's common end."""
-        self._committed_version = req.version
+    def _commit_done(self) -> None:
+        """The engine committed this attempt (at _batch_version, order _batch_order in its
+        batch): commit()'s end."""
+        version = self._committed_version = self._batch_version
         # _finish's other steps, only when there is something for them: the snapshot was closed
         # before the commit and no read can open one from here (commit_started), so watches to
         # arm and a versionstamp to answer are all that remain (most commits have neither).
         if self._watches or self._versionstamp is not None:
-            self._finish(req.version, req.stamp if self._versionstamp is not None else None)
+            self._finish(version, _stamp(version, self._batch_order) if self._versionstamp is not None else None)
 
-    def _commit_request(self) -> CommitRequest | None:
-        """commit()'s steps from the commit's start to the request it hands the engine (no
-        wait among them), or None when there is nothing to commit (the transaction finished).
-        Database.transact calls it too, awaiting the engine itself (see _direct_commit)."""
+    def _prepare_commit(self) -> bool:
+        """commit()'s steps from the commit's start to handing this transaction to the engine
+        (no wait among them): True when it is to be handed over (``engine.commit(self)``: the
+        pipeline carries the transaction itself, see kv.engine.Committing), False when there is
+        nothing to commit (the transaction finished). Database.transact calls it too, awaiting
+        the engine itself (see _direct_commit)."""
         # The commit has started (RYW commitStarted, set first thing in RYWImpl::commit): from
         # here on, whatever the outcome, every use is 2017 until reset/on_error.
         self._commit_started = self._slow = True
@@ -1328,25 +1333,19 @@ class Transaction:
             raise err
         if not self._mutations and not self._write_ranges and not self._write_points:
             self._finish(-1, None)
-            return None
+            return False
         engine = self._engine
         if engine.hooked:
             engine._hooks.before_commit(self)
-        read_version = self._read_version
-        if read_version is None:  # a blind write: the commit's own read version (get_read_version answers it)
+        if self._read_version is None:  # a blind write: the commit's own read version (get_read_version answers it)
             # (Engine.committed_version inlined, as _get inlines check_read_version: every blind write)
-            read_version = self._read_version = engine._last_version
-        # The lists are handed over, not copied: a committing transaction is
-        # frozen (2017 on any use), and a retry starts from fresh ones
-        # (_reset_state). The engine appends stamped keys to write_points.
-        req = new_commit_request(
-            read_version, self._read_ranges, self._write_ranges, self._mutations,
-            self._read_points, self._write_points, self._stamped, size, self,
-        )
+            self._read_version = engine._last_version
+        # The engine reads the attempt's lists where they are: a committing transaction is
+        # frozen (2017 on any use), and a retry starts from fresh ones (_reset_state).
         if self._snap is not None:  # release the storage snapshot before waiting
             self._snap.close()
             self._snap = None
-        return req
+        return True
 
     def _fail_attempt(self, err: KVError) -> None:
         """A started commit failed: its error goes to the watches and the versionstamp

@@ -8,7 +8,10 @@ from kv.transaction import Transaction
 from kvtest_helpers import open_backend
 
 # not per-attempt: the handle, the options that survive on_error, the clock and backoff
-_KEPT = {"db", "_engine", "_started", "_backoff", "_retries", "__weakref__", "__dict__"}
+_KEPT = {"db", "_engine", "_started", "_backoff", "_retries", "__weakref__", "__dict__",
+         # the engine's while it commits the transaction (kv.engine.Committing): set by
+         # Engine.commit and at resolve, unset before the first commit
+         "_batch_version", "_batch_order", "_commit_error", "_commit_answered", "_parked_task", "_lead_batch"}
 
 
 def _state(tr: Transaction) -> dict:

@@ -9,9 +9,10 @@ store the owner tag, checked whenever a caller names an owner.
 
 Key (under root["l"])              Value
 ---------------------------------  ----------------------------------------------------------
-("o", T, "sub", sid)               b"\x01" + 12 bytes + CBOR submission {"id", "owner",
-                                   "conversation", "hash", "attempt": 0, "created", "run_id",
-                                   "policy", "body"?}: one versionstamped value holding the
+("o", T, "sub", sid)               b"\x01" + 12 bytes + CBOR submission {"owner",
+                                   "conversation", "hash", "created", "run_id", "body"?} ("id",
+                                   "attempt": 0 and "policy" too when written before session
+                                   19; nothing reads them): one versionstamped value holding the
                                    position of its run.queued (the 12 bytes) and, in "body",
                                    the request itself (canonical CBOR {"delivery",
                                    "result_schema"}) when at most INLINE_REQUEST_BYTES.
@@ -45,7 +46,11 @@ Key (under root["l"])              Value
                                    False when the run has no FIFO entry (every run since session
                                    18; runs active from their submit since session 17); "out": a
                                    settled run's CBOR outcome {"status", "result", "error"}
-                                   when at most runs.INLINE_OUTCOME_BYTES (session 17)
+                                   when at most runs.INLINE_OUTCOME_BYTES (session 17).
+                                   Since session 19 a submit leaves out "attempt" and "claims"
+                                   while 0, "limits" while empty and "updated" (= "created");
+                                   every reader decodes through runs._complete_run, which puts
+                                   them back, and every later write stores them all
 ("out", run_id, i)                 chunk i of the CBOR outcome of a settled run without "out"
                                    (a larger outcome; every outcome settled before session 17)
 ("rl", run_id)                     CBOR lease {"token", "worker", "expires_at", "expires_us",

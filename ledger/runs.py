@@ -59,8 +59,8 @@ import trio
 
 import kv
 from sessions import events as ev
-from sessions.codec import (CHUNK_SIZE, canonical_dumps, dumps, id_source, loads, pack_i64,
-                           read_chunks, write_chunks)
+from sessions.codec import (CHUNK_SIZE, canonical_dumps, dumps, id_source, loads, own_dumps,
+                           pack_i64, read_chunks, write_chunks)
 from sessions.journal import EventRef, Journal, check_conversation_id, encode_cursor
 from sessions.owners import MAX_OWNER_PART, OwnerLike, as_tag
 
@@ -467,6 +467,11 @@ class Ledger:
         #: stale; bytes written by anyone else, or by a transaction that did not commit, are
         #: decoded). Bounded: cleared when full.
         self._cs_seen: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
+        #: The records this Ledger writes are encoded by a cbor2 encoder of its own (made
+        #: once: cbor2.dumps builds an encoder and its output file every call, ~1,200
+        #: instructions of a small record's encoding); the same bytes. One thread only: a
+        #: Ledger is used from its database's trio thread (see sessions.codec.own_dumps).
+        self._dumps = own_dumps()
         from .usage import UsageBook
         from .steps import Steps
         self.usage = UsageBook(self)
@@ -494,7 +499,7 @@ class Ledger:
 
     def _put_run(self, tr: Any, run: dict[str, Any]) -> bytes:
         run["updated"] = self.clock()
-        raw = dumps(run)
+        raw = self._dumps(run)
         tr.set(self.keys.run(run["id"]), raw)
         return raw
 
@@ -601,17 +606,17 @@ class Ledger:
                 expires_us = int(expires_at * 1e6)
                 lease_rec = {"token": 1, "worker": claim.worker_id, "expires_at": expires_at,
                              "expires_us": expires_us, "nonce": claim.nonce}
-                lease_raw = dumps(lease_rec)
+                lease_raw = self._dumps(lease_rec)
                 tr.set(self.keys.lease(run_id), lease_raw)
                 tr.set(self.keys.expiry(expires_us, run_id), b"")
                 run.update(state=RUNNING, attempt=1, claims=1)
-        cs_raw = dumps(cs)
+        cs_raw = self._dumps(cs)
         tr.set(cs_key, cs_raw)
         if queued:  # (the conversation is busy: its next submit is likely queued too)
             if len(self._cs_seen) >= _CS_SEEN_SIZE:
                 self._cs_seen.clear()
             self._cs_seen[cs_key] = (cs_raw, cs)
-        run_raw = dumps(run)
+        run_raw = self._dumps(run)
         tr.set(self.keys.run(run_id), run_raw)  # (_put_run, "updated" being now)
         # (Since session 19 without "id", "attempt" and "policy", which nothing reads: the id is
         # the key's, "attempt" was always 0, the policy acted on here. Older records have them.)
@@ -644,7 +649,7 @@ class Ledger:
         # The record, its request and the position of its run.queued: one versionstamped value
         # (see _SUB_MARK). Unreadable in this transaction, which never reads it back.
         tr.set_versionstamped_value(sub_key, b"".join((
-            _SUB_MARK, b"\x00" * 10, ref.order.to_bytes(2, "big"), dumps(rec), _SUB_STAMP_AT)))
+            _SUB_MARK, b"\x00" * 10, ref.order.to_bytes(2, "big"), self._dumps(rec), _SUB_STAMP_AT)))
         return _PendingAck(None, ref, lease, submission_id, run_id, run["state"])
 
     async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
@@ -840,7 +845,7 @@ class Ledger:
             # that reasoning.
             if (old_lease is not None and old_lease.get("cancel")) or await self.is_cancel_requested(tr, run_id):
                 lease_rec["cancel"] = True
-            lease_raw = dumps(lease_rec)
+            lease_raw = self._dumps(lease_rec)
             tr.set(self.keys.lease(run_id), lease_raw)
             tr.set(self.keys.expiry(expires_us, run_id), b"")
             run.update(state=RUNNING, attempt=attempt, claims=token, rd=None)
@@ -915,7 +920,7 @@ class Ledger:
             tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
             # The record read, updated: its other fields ("cancel" too) are kept.
             rec.update(expires_at=expires_at, expires_us=expires_us)
-            tr.set(self.keys.lease(lease.run_id), dumps(rec))
+            tr.set(self.keys.lease(lease.run_id), self._dumps(rec))
             return expires_at
 
         lease.expires_at = await self.db.transact(fn)
@@ -945,7 +950,7 @@ class Ledger:
                 tr.clear(self.keys.expiry(rec["expires_us"], lease.run_id))
                 tr.set(self.keys.expiry(expires_us, lease.run_id), b"")
                 rec.update(expires_at=expires_at, expires_us=expires_us)  # ("cancel" kept)
-                tr.set(key, dumps(rec))
+                tr.set(key, self._dumps(rec))
                 extended[lease.run_id] = expires_at
             return lost, extended
 
@@ -1077,7 +1082,7 @@ class Ledger:
         run["state"] = status
         run["settled_token"] = token
         run["error"] = outcome.get("error")
-        encoded = dumps(outcome)
+        encoded = self._dumps(outcome)
         if len(encoded) <= INLINE_OUTCOME_BYTES:  # (the usual case: in the run record, see _outcome)
             run["out"] = encoded
             self._put_run(tr, run)
@@ -1103,13 +1108,13 @@ class Ledger:
                     if nrun["state"] == QUEUED:
                         self._make_ready(tr, nrun)
                         self._put_run(tr, nrun)
-            tr.set(cs_key, dumps(cs))
+            tr.set(cs_key, self._dumps(cs))
         data: dict[str, Any] = {"run_id": run_id, "status": status, "error": outcome.get("error")}
         result = outcome.get("result")
         if result is not None:
             # The result is part of the outcome just encoded: when that fits, so does the result
             # (no second encoding of it in the common case).
-            if len(encoded) <= MAX_EVENT_RESULT_BYTES or len(dumps(result)) <= MAX_EVENT_RESULT_BYTES:
+            if len(encoded) <= MAX_EVENT_RESULT_BYTES or len(self._dumps(result)) <= MAX_EVENT_RESULT_BYTES:
                 data["result"] = result
             else:
                 data["result_truncated"] = True
@@ -1144,7 +1149,7 @@ class Ledger:
             return run["state"]
         ck = self.keys.cancel(run_id)
         if await tr.get(ck) is None:
-            tr.set(ck, dumps({"at": self.clock(), "reason": reason}))
+            tr.set(ck, self._dumps({"at": self.clock(), "reason": reason}))
         if run["state"] == RUNNING:
             # The running run's lease says so too ("cancel": True, same token and expiry): its
             # worker's every write reads the lease (check_lease) and learns of the request
@@ -1158,7 +1163,7 @@ class Ledger:
                 rec = loads(raw)
                 if not rec.get("cancel"):
                     rec["cancel"] = True
-                    tr.set(lk, dumps(rec))
+                    tr.set(lk, self._dumps(rec))
         if run["state"] == QUEUED and run["claims"] == 0:
             await self._finish_tr(tr, run, cancelled(reason))
         elif run["state"] == PARKED:

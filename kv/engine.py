@@ -304,7 +304,7 @@ def _stamped_mutations(req: "Committing", version: int) -> tuple[list[Mutation],
     """``req``'s mutations with its versionstamps filled in (it is at order 0 of the batch at
     ``version``), a new list, and its write points with the stamped keys added, a new list
     too (the transaction's own lists stay as it made them)."""
-    stamp = _stamp(version, 0)
+    stamp = version.to_bytes(8, "big") + b"\x00\x00"  # (_stamp(version, 0))
     muts = list(req._mutations)
     points = list(req._write_points)
     for index, kind, key, value, offset in req._stamped:  # (_stamp_into inlined: ~3 a commit in a turn)
@@ -613,7 +613,8 @@ class Engine:
         self.stats["batches"] += 1
         self.stats["commits"] += len(accepted)
         self.resolver.forget_before(version - self.mvcc_window)
-        self._check_watches(version, mutations)
+        if self._watches:  # (most batches: none armed)
+            self._check_watches(version, mutations)
         if not self.hooked:
             return {}
         requests = _hook_requests(accepted)

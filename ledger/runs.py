@@ -530,16 +530,21 @@ class Ledger:
         the transaction (not again in each attempt)."""
         tag, limits, body, digest = _checked_submission(
             submission_id, delivery, result_schema, owner, conversation, policy, limits, max_attempts, encoded)
-        return await self._submit_tr(tr, tag, submission_id, body, digest, conversation, policy, limits,
-                                     max_attempts, claim)
+        ack, ref, lease, run_id, status = await self._submit_tr(
+            tr, tag, submission_id, body, digest, conversation, policy, limits, max_attempts, claim)
+        return _PendingAck(ack, ref, lease, submission_id, run_id, status)
 
     async def _submit_tr(self, tr: Any, tag: str, submission_id: str, body: bytes, digest: str,
                          conversation: str, policy: Policy, limits: dict[str, int], max_attempts: int,
-                         claim: _ClaimOnSubmit | None) -> _PendingAck:
+                         claim: _ClaimOnSubmit | None,
+                         ) -> tuple[Acknowledgement | None, EventRef | None, Lease | None, str, str]:
         """:meth:`submit_tr` with its arguments checked by :func:`_checked_submission`
         (:meth:`submit` and :meth:`submit_and_claim` check them once, before the
         transaction, and call this positionally in each attempt). Guarded by the
-        submission record (read first)."""
+        submission record (read first). Returns what a :class:`_PendingAck` holds, as a
+        tuple ``(ack, ref, lease, run_id, status)``: ``submit`` makes its acknowledgement from
+        it directly (calling a class runs its ``__init__`` from C, a fresh interpreter entry a
+        submit; a tuple is built inline)."""
         sub_key = self.keys.submission(tag, submission_id)
         raw = await tr.get(sub_key)
         if raw is not None:
@@ -558,8 +563,8 @@ class Ledger:
                 lrec = loads(lraw) if lraw is not None else None
                 if lrec is not None and lrec.get("nonce") == claim.nonce:
                     lease = self._lease_from(run, lrec)
-            return _PendingAck(Acknowledgement(submission_id, run["id"], encode_cursor(pos) if pos else None,
-                                               run["state"], outcome, created=False), None, lease)
+            return (Acknowledgement(submission_id, run["id"], encode_cursor(pos) if pos else None,
+                                    run["state"], outcome, created=False), None, lease, "", "")
         cs_key = self.keys.conversation_state(tag, conversation)
         cs_raw = await tr.get(cs_key)
         if cs_raw:
@@ -650,7 +655,7 @@ class Ledger:
         # (see _SUB_MARK). Unreadable in this transaction, which never reads it back.
         tr.set_versionstamped_value(sub_key, b"".join((
             _SUB_MARK, b"\x00" * 10, ref.order.to_bytes(2, "big"), self._dumps(rec), _SUB_STAMP_AT)))
-        return _PendingAck(None, ref, lease, submission_id, run_id, run["state"])
+        return None, ref, lease, run_id, run["state"]
 
     async def submit(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
                      owner: OwnerLike, conversation: str, policy: Policy = "queue",
@@ -660,15 +665,14 @@ class Ledger:
         sid = submission_id or self.new_id()
         tag, limits, body, digest = _checked_submission(
             sid, delivery, result_schema, owner, conversation, policy, limits, max_attempts, None)
-        pending = await self.db.transact(lambda tr: self._submit_tr(
+        ack, ref, _, run_id, status = await self.db.transact(lambda tr: self._submit_tr(
             tr, tag, sid, body, digest, conversation, policy, limits, max_attempts, None))
         self.journal.note_committed(tag, conversation)  # it journaled run.queued
-        # pending.result(), inline (one coroutine less an acknowledged submit)
-        ref = pending.ref
+        # _PendingAck.result(), inline (one coroutine less an acknowledged submit)
         if ref is None:
-            assert pending.ack is not None
-            return pending.ack
-        return Acknowledgement(sid, pending.run_id, await ref.cursor(), pending.status)
+            assert ack is not None
+            return ack
+        return Acknowledgement(sid, run_id, await ref.cursor(), status)
 
     async def submit_and_claim(self, submission_id: str | None, delivery: Any, result_schema: Any = None, *,
                                owner: OwnerLike, conversation: str, worker_id: str,
@@ -701,10 +705,13 @@ class Ledger:
         claim = _ClaimOnSubmit(worker_id, lease_seconds, self.new_id(), on_claimed)
         tag, limits, body, digest = _checked_submission(
             sid, delivery, result_schema, owner, conversation, policy, limits, max_attempts, encoded)
-        pending = await self.db.transact(lambda tr: self._submit_tr(
+        ack, ref, lease, run_id, status = await self.db.transact(lambda tr: self._submit_tr(
             tr, tag, sid, body, digest, conversation, policy, limits, max_attempts, claim))
         self.journal.note_committed(tag, conversation)  # it journaled run.queued
-        return await pending.result(), pending.lease
+        if ref is None:
+            assert ack is not None
+            return ack, lease
+        return Acknowledgement(sid, run_id, await ref.cursor(), status), lease
 
     async def request_tr(self, tr: Any, lease: Lease) -> tuple[Any, Any]:
         """``(delivery, result_schema)`` of a leased run's submission, in ``tr`` (read-only):

@@ -76,8 +76,10 @@ class Database:
                         tr._commit_failed(exc)
                         raise
                     version = tr._committed_version = tr._batch_version
-                    if tr._versionstamp is not None:  # (no watches: they make a transaction _slow)
-                        tr._finish(version, _stamp(version, tr._batch_order))
+                    if tr._versionstamp is not None:
+                        # (_finish's one step left here: no watches, which make a transaction
+                        # _slow, and the snapshot released by _prepare_commit)
+                        tr._versionstamp._set(_stamp(version, tr._batch_order))
                 return result
             except KVError as e:
                 if e.code == 1021:

@@ -75,16 +75,7 @@ INLINE_WHEN_IDLE = True  # write a batch on the loop thread when no other task c
 INLINE_MAX_COMMIT_SECONDS = 0.002  # ...and only while recent log syncs took at most this long
 RELEASED_ACCOUNT_AT = 64  # closed snapshots queued before taking a snapshot accounts them (snapshot)
 SNAPSHOT_ORDER_COMPACT_AT = 10_000  # distinct snapshot versions remembered before closed ones are swept
-#: A segment is sealed (and so checkpointed, and its keys trimmed from the overlay) once its
-#: batches touched this many keys, even below wal.SEGMENT_BYTES. Why: the overlay's dicts
-#: (_top_ver, _top_val, _unindexed: the same keys, so CPython resizes all three in the same
-#: insert) are rebuilt whole when they grow, ~50 ns a key each, inside one batch's _stage.
-#: With 8 MiB segments of small writes the overlay reached ~130k keys, and one task step took
-#: 6-26 ms (bench_kv's longest_task_step_cpu_ms at 256 writers; issue #2: the loop must never
-#: be blocked for more than a few ms). The overlay holds about two segments' keys (one being
-#: checkpointed, one being written), so this keeps a resize to ~2-3 ms.
-SEGMENT_KEYS = 8_192
-TRIM_BUDGET = 2_048  # overlay keys dropped per call once a checkpoint has landed (a publish makes at most two)
+TRIM_BUDGET = 4_096  # overlay keys dropped per call once a checkpoint has landed
 STALE_SWEEP_FRACTION = 0.5  # rebuild the ordered key index once this share of it is trimmed keys (_trim)
 MAX_CHECKPOINTER_STARTS = 5  # after this many starts of the helper, checkpoint in this process
 CHECKPOINTER_EXIT_SECONDS = 60.0  # close() waits this long for the helper's current pass, then kills it
@@ -344,7 +335,6 @@ class LmdbStore:
         self._version = self._base.version
         self._sealed_through = self._version  # newest version in a sealed segment
         self._checkpoint_due = False  # a sealed segment may not be in the base yet
-        self._segment_keys = 0  # keys the current segment's published batches touched (SEGMENT_KEYS)
         self._trim_floor = self._version  # overlay entries <= this are in every base in use
         # Open snapshots' versions (version -> count, and the versions in the order first
         # taken, which is ascending): what the dead-key purge must keep readable.
@@ -429,16 +419,16 @@ class LmdbStore:
         # the same thing: they share one view (~13 transactions a batch in 32 concurrent
         # turns), one more holder each, instead of an object, a finalizer and a count each.
         # (Closed views queue one per version now, so the count test is only made here.)
-        # The shared view is handed out while a checkpoint is due too: a landed checkpoint
-        # is looked for (env.info(), ~2k instructions) when the view is made and at every
-        # publish, not at every snapshot taken while a sealed segment is being checkpointed
-        # (then new views move to the new base a batch later; reads are the same either way).
         snap = self._shared
-        if snap is not None:
+        if snap is not None and not self._checkpoint_due:
             snap.holders += 1
             return snap
         if self._checkpoint_due or len(self._released) >= RELEASED_ACCOUNT_AT:
-            self._maintain()  # (may take a new base)
+            self._maintain()  # (may take a new base, which drops the shared view)
+            snap = self._shared
+            if snap is not None:
+                snap.holders += 1
+                return snap
         version = self._version
         count = self._snap_counts.get(version)
         if count is None:
@@ -906,14 +896,8 @@ class LmdbStore:
             stats["segments_sealed"] += 1
             self._sealed_through = version
             self._checkpoint_due = True
-            self._segment_keys = 0
             if self._use_checkpointer:
                 self._request_checkpoint()
-        else:
-            keys = self._segment_keys + len(touched)  # (a key touched twice counts twice: an upper bound)
-            self._segment_keys = keys
-            if keys >= SEGMENT_KEYS:
-                self._log.seal_soon()
         if self._released or self._checkpoint_due:  # (blind writers take no snapshots: look here too)
             self._maintain()
         if self._recent and self._recent[0][0] <= self._trim_floor:
@@ -1000,7 +984,6 @@ class LmdbStore:
         if self._log.size:
             self._log.seal()
             self._stats["segments_sealed"] += 1  # (seal() counted its fsync in the log's)
-            self._segment_keys = 0
         self._sealed_through = self._version
         with wal.checkpoint_lock(self.path):
             wal.checkpoint_pass(self.env, self._wal_dir, include_newest=False)

@@ -285,7 +285,6 @@ class LogWriter:
         self.written = 0  # bytes written to it (durable or not: a record may be ahead of its sync)
         self.fsyncs = 0  # every fdatasync / fsync this writer made or had made
         self.allocated = 0  # bytes of the current segment preallocated (_preallocate)
-        self.full_at = segment_bytes  # the current segment is full from this many bytes (see seal_soon)
 
     def _create(self, number: int) -> tuple[int, int]:
         """The new segment's synced (``O_DSYNC``) and plain descriptors (records are written at offsets)."""
@@ -340,18 +339,10 @@ class LogWriter:
         A segment is sealed only once everything written to it is durable
         (``synced``): a sealed segment is checkpointed into the tree, and a
         record whose sync is still out must not get there first. So once a
-        segment holds ``segment_bytes`` (or what ``seal_soon`` counted full),
-        nothing more is written ahead of the syncs; the next record waits for
-        the seal and starts the next segment.
+        segment holds ``segment_bytes``, nothing more is written ahead of the
+        syncs; the next record waits for the seal and starts the next segment.
         """
-        return self.written < self.full_at
-
-    def seal_soon(self) -> None:
-        """Count the current segment as full at what it holds now (before ``segment_bytes``):
-        nothing more is written ahead of the syncs, and it is sealed with the next sync that
-        leaves everything written to it durable (see ``synced``). An empty segment is left be."""
-        if self.written:
-            self.full_at = min(self.full_at, self.written)
+        return self.written < self.segment_bytes
 
     def synced(self, nbytes: int) -> bool:
         """A record of ``nbytes`` is durable; seal the segment once it is full
@@ -359,7 +350,7 @@ class LogWriter:
         self.fsyncs += 1  # a synced write (O_DSYNC) or an fdatasync
         self.size += nbytes
         assert self.size <= self.written, (self.size, self.written)
-        if self.size < self.full_at or self.size < self.written:
+        if self.size < self.segment_bytes or self.size < self.written:
             return False
         self.seal()
         return True
@@ -370,7 +361,6 @@ class LogWriter:
         self.fsyncs += 1
         self._close_fds()
         self.fd, self.wfd, self.number, self.size, self.written, self.allocated = fd, wfd, self.number + 1, 0, 0, 0
-        self.full_at = self.segment_bytes
 
     def _close_fds(self) -> None:
         if self.wfd != self.fd:

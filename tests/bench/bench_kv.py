@@ -17,8 +17,14 @@ shared machines are noisy and only ratios mean anything:
   engine's own CPU sets for that workload: the same 64 writers on the memory
   engine (no disk at all), as commits/s and as a multiple of the LMDB
   engine's sequential rate (``cpu_bound_writers64_speedup``). A batch is one
-  log append and one fdatasync, so at 64 writers the engine is CPU-bound;
-  the faster a lone durable commit, the lower this ceiling. The process's
+  log append and one fdatasync: on a disk whose sync is fast next to the
+  loop's CPU per batch (0.06-0.08 ms, seen here until 2026-12-01) the engine
+  is CPU-bound at 64 writers, and the faster a lone durable commit, the lower
+  this ceiling; on a slower one (0.2 ms, with 0.6 ms at p90 under load, seen
+  from 2026-12-02) the loop waits for syncs instead. Which of the two held is
+  reported per writer count: the share of the run the event loop sat idle in
+  ``epoll`` (``loop_idle_fraction``, near 0 when CPU-bound) and the commits
+  per batch (``commits_per_batch``). The process's
   CPU per commit for each writer count and for the memory engine's 64
   writers (``cpu_us_per_commit``: user + system, the figure a shared
   machine's load disturbs least; target 10x means about 1/10 of the
@@ -153,12 +159,23 @@ class StepTimer(trio.abc.Instrument):
     """The longest single task step, in CPU time of the event-loop thread: how
     much work one step did on the loop. CPU time, not wall time, because these
     shared machines are often oversubscribed (a preempted step is not a slow
-    step); a Python GC pass landing inside a step is counted."""
+    step); a Python GC pass landing inside a step is counted. Also the wall
+    time the loop spent waiting in ``epoll`` (``idle``): waiting for the disk
+    (the log's sync helper), since every writer is either runnable or parked
+    on a batch."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.idle = 0.0
         self._task = None
         self._t0 = 0.0
+        self._wait0 = 0.0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._wait0 = time.perf_counter()
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.idle += time.perf_counter() - self._wait0
 
     def before_task_step(self, task) -> None:
         self._task, self._t0 = task, time.thread_time()
@@ -168,12 +185,14 @@ class StepTimer(trio.abc.Instrument):
             self.longest = max(self.longest, time.thread_time() - self._t0)
 
 
-async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float, float]:
+async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float, float, float, float]:
     """Commits/s with ``writers`` concurrent tasks, the longest task step
-    meanwhile (disk work must stay off the event loop), and this process's CPU
+    meanwhile (disk work must stay off the event loop), this process's CPU
     per commit in us (user + system: the figure a shared machine's load
-    disturbs least, since at 64 writers the ratio is CPU-bound)."""
+    disturbs least), the share of the run the loop sat idle in ``epoll``, and
+    the commits per batch (group commit)."""
     count = 0
+    batches0 = db.engine.stats["batches"]
     deadline = trio.current_time() + seconds
 
     async def writer(w: int) -> None:
@@ -195,8 +214,10 @@ async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float,
                 nursery.start_soon(writer, w)
     finally:
         trio.lowlevel.remove_instrument(timer)
+    elapsed = time.perf_counter() - t0
     cpu_us = (time.process_time() - cpu0) / max(count, 1) * 1e6
-    return count / (time.perf_counter() - t0), timer.longest, cpu_us
+    per_batch = count / max(db.engine.stats["batches"] - batches0, 1)
+    return count / elapsed, timer.longest, cpu_us, timer.idle / elapsed, per_batch
 
 
 PAIRED_RUNS = 3  # extra (sequential block, 64-writer run) pairs, for the spread of the ratio
@@ -215,7 +236,7 @@ async def bench_paired_writers64(db, runs: int, seconds: float) -> list[dict]:
     out = []
     for run in range(runs):
         seq = await bench_sequential_commits(db, 100, start=100_000 + run * 100)
-        rate, _, _ = await bench_writers(db, 64, seconds)
+        rate = (await bench_writers(db, 64, seconds))[0]
         p50 = statistics.median(seq)
         out.append({"seq_p50_ms": round(p50 * 1000, 3), "writers64_per_s": round(rate),
                     "speedup": round(rate * p50, 1)})
@@ -284,13 +305,14 @@ async def main(quick: bool) -> dict:
             seq_p50 = statistics.median(seq)
             seq_p99 = statistics.quantiles(seq, n=100)[98]
             raw_p50 = statistics.median(raw)
-            rates, stalls, cpus = {}, {}, {}
+            rates, stalls, cpus, idles, per_batch = {}, {}, {}, {}, {}
             mem = await kv.open("memory:")
-            bound, _, mem_cpu = await bench_writers(mem, 64, 1.5 * scale)
+            bound, _, mem_cpu, _, _ = await bench_writers(mem, 64, 1.5 * scale)
             for w in (1, 16, 64, 256):
-                rate, stall, cpu = await bench_writers(db, w, 3.0 * scale)
+                rate, stall, cpu, idle, pb = await bench_writers(db, w, 3.0 * scale)
                 rates[str(w)], stalls[str(w)], cpus[str(w)] = round(rate), round(stall * 1000, 2), round(cpu, 2)
-            bound2, _, mem_cpu2 = await bench_writers(mem, 64, 1.5 * scale)
+                idles[str(w)], per_batch[str(w)] = round(idle, 2), round(pb, 1)
+            bound2, _, mem_cpu2, _, _ = await bench_writers(mem, 64, 1.5 * scale)
             bound, mem_cpu = (bound + bound2) / 2, (mem_cpu + mem_cpu2) / 2
             await mem.close()
             paired = await bench_paired_writers64(db, PAIRED_RUNS, 1.0 * scale)
@@ -311,6 +333,8 @@ async def main(quick: bool) -> dict:
         "raw_lmdb_commit_p50_ms": round(statistics.median(raw_lmdb) * 1000, 3),
         "commits_per_s": rates,
         "cpu_us_per_commit": cpus,
+        "loop_idle_fraction": idles,
+        "commits_per_batch": per_batch,
         "memory_engine_64_writers_cpu_us_per_commit": round(mem_cpu, 2),
         "writers64_speedup": round(rates["64"] / seq_rate, 1),
         "writers64_speedup_paired": {

@@ -34,10 +34,16 @@ import select
 import socket
 import struct
 import sys
+import time
 
 REQUEST = struct.Struct("<Q")
 REPLY = struct.Struct("<I")
 SEGMENT_NAME = "%016x.wal"  # kv.wal.segment_path's layout
+#: After answering, look for the next request this long before going to sleep, while requests
+#: keep coming that soon (see ``_requests``).
+SPIN_SECONDS = 0.0002
+
+assert 0 <= SPIN_SECONDS < 0.01
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
@@ -51,7 +57,23 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def _requests(sock: socket.socket, efd: int):
-    """Yield each request's segment number as it comes; return at the parent's end."""
+    """Yield each request's segment number as it comes; return at the parent's end.
+
+    Spinning: while the parent keeps the helper busy (its next request came
+    within ``SPIN_SECONDS`` of the last answer), the helper looks for the next
+    request for that long (``poll`` with no timeout) before it sleeps. Why: a
+    sleeping helper is woken through the scheduler, on a virtual machine's
+    idle vCPU at that, and that wake-up sat on every pipelined batch's path.
+    Measured 2026-12-02 at 64 writers, on a disk syncing a batch's ~4 KiB in
+    ~0.3 ms: a mean 73-131 us from request to sync start sleeping, 37 us
+    spinning; 64-writer commits/s (3 s runs, interleaved with the code before)
+    higher in 8 of 11 pairs, median 72.6k against 63.0k. The gain comes and
+    goes with the disk's speed, which drifts by 2x within minutes here.
+    Adaptive, so a quiet store costs nothing: one spin that finds
+    nothing stops spinning until a request again comes that soon after an
+    answer. The spin burns at most ``SPIN_SECONDS`` of the other core per
+    answer, and only while the stream keeps it worthwhile.
+    """
     if efd < 0:
         while True:
             raw = _read_exactly(sock, REQUEST.size)
@@ -61,8 +83,19 @@ def _requests(sock: socket.socket, efd: int):
     poller = select.poll()
     poller.register(efd, select.POLLIN)
     poller.register(sock, 0)  # hang-up and errors only (always reported)
+    spin = False  # the last request came within SPIN_SECONDS of the answer before it
+    answered = 0.0  # when the last answer was sent (the generator resumed)
     while True:
-        ready = dict(poller.poll())
+        ready = None
+        if spin:
+            until = answered + SPIN_SECONDS
+            while not ready and time.monotonic() < until:
+                ready = poller.poll(0)
+            spin = bool(ready)
+        if not ready:
+            ready = poller.poll()
+            spin = time.monotonic() - answered <= SPIN_SECONDS
+        ready = dict(ready)
         if ready.get(efd, 0) & select.POLLIN:
             count = os.eventfd_read(efd)  # requests sent since the last read (each sent before its +1)
             raw = _read_exactly(sock, REQUEST.size * count)
@@ -70,6 +103,7 @@ def _requests(sock: socket.socket, efd: int):
                 return
             for i in range(count):
                 yield REQUEST.unpack_from(raw, i * REQUEST.size)[0]
+            answered = time.monotonic()
         elif sock.fileno() in ready:
             return  # the parent closed its end (or died) with nothing more asked
 

@@ -35,8 +35,11 @@ shared machines are noisy and only ratios mean anything:
   sequential commits and a 1 s 64-writer run made back to back, with its
   median and spread (``writers64_speedup_paired``; informational: the headline
   ratio above decides ``targets_met``);
-* the longest single task step during each of those runs (a trio
-  Instrument), since disk work must never block the loop for more than a few ms;
+* the longest single task step with 1, 16, 64 and 256 writers (a trio
+  Instrument), since disk work must never block the loop for more than a few
+  ms; measured in 1 s runs of its own after the rates, because the
+  instrument's two calls per task step would cost the rate runs ~40% of their
+  CPU per commit (``StepTimer``);
 * resolver time for one transaction with 1,000 read ranges checked against
   10,000 point writes newer than its read version, none of them in a range
   (so every range is checked to the end) — target: < 5 ms.
@@ -155,20 +158,13 @@ async def bench_sequential_commits(db, n: int, start: int = 0) -> list[float]:
     return out
 
 
-class StepTimer(trio.abc.Instrument):
-    """The longest single task step, in CPU time of the event-loop thread: how
-    much work one step did on the loop. CPU time, not wall time, because these
-    shared machines are often oversubscribed (a preempted step is not a slow
-    step); a Python GC pass landing inside a step is counted. Also the wall
-    time the loop spent waiting in ``epoll`` (``idle``): waiting for the disk
+class IdleTimer(trio.abc.Instrument):
+    """The wall time the loop spent waiting in ``epoll``: waiting for the disk
     (the log's sync helper), since every writer is either runnable or parked
-    on a batch."""
+    on a batch. Called once per scheduler pass, not per task step: cheap."""
 
     def __init__(self) -> None:
-        self.longest = 0.0
         self.idle = 0.0
-        self._task = None
-        self._t0 = 0.0
         self._wait0 = 0.0
 
     def before_io_wait(self, timeout: float) -> None:
@@ -176,6 +172,24 @@ class StepTimer(trio.abc.Instrument):
 
     def after_io_wait(self, timeout: float) -> None:
         self.idle += time.perf_counter() - self._wait0
+
+
+class StepTimer(trio.abc.Instrument):
+    """The longest single task step, in CPU time of the event-loop thread: how
+    much work one step did on the loop. CPU time, not wall time, because these
+    shared machines are often oversubscribed (a preempted step is not a slow
+    step); a Python GC pass landing inside a step is counted.
+
+    Not installed while rates are measured: trio calls it twice per task step,
+    and at 64 writers that cost ~5 us of the ~11 us of CPU a commit takes
+    (measured 2026-12-02: 11-13 -> 16-18 us a commit), so the rates and CPU
+    figures come from runs without it and the longest step from a run of its own.
+    """
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._task = None
+        self._t0 = 0.0
 
     def before_task_step(self, task) -> None:
         self._task, self._t0 = task, time.thread_time()
@@ -185,12 +199,13 @@ class StepTimer(trio.abc.Instrument):
             self.longest = max(self.longest, time.thread_time() - self._t0)
 
 
-async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float, float, float, float]:
+async def bench_writers(db, writers: int, seconds: float, *,
+                        time_steps: bool = False) -> tuple[float, float, float, float, float]:
     """Commits/s with ``writers`` concurrent tasks, the longest task step
-    meanwhile (disk work must stay off the event loop), this process's CPU
-    per commit in us (user + system: the figure a shared machine's load
-    disturbs least), the share of the run the loop sat idle in ``epoll``, and
-    the commits per batch (group commit)."""
+    meanwhile if ``time_steps`` (disk work must stay off the event loop; else
+    0.0: see StepTimer), this process's CPU per commit in us (user + system:
+    the figure a shared machine's load disturbs least), the share of the run
+    the loop sat idle in ``epoll``, and the commits per batch (group commit)."""
     count = 0
     batches0 = db.engine.stats["batches"]
     deadline = trio.current_time() + seconds
@@ -205,19 +220,24 @@ async def bench_writers(db, writers: int, seconds: float) -> tuple[float, float,
             n += 1
             count += 1
 
-    timer = StepTimer()
-    trio.lowlevel.add_instrument(timer)
+    idle = IdleTimer()
+    steps = StepTimer() if time_steps else None
+    for instrument in (idle, steps):
+        if instrument is not None:
+            trio.lowlevel.add_instrument(instrument)
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         async with trio.open_nursery() as nursery:
             for w in range(writers):
                 nursery.start_soon(writer, w)
     finally:
-        trio.lowlevel.remove_instrument(timer)
+        for instrument in (idle, steps):
+            if instrument is not None:
+                trio.lowlevel.remove_instrument(instrument)
     elapsed = time.perf_counter() - t0
     cpu_us = (time.process_time() - cpu0) / max(count, 1) * 1e6
     per_batch = count / max(db.engine.stats["batches"] - batches0, 1)
-    return count / elapsed, timer.longest, cpu_us, timer.idle / elapsed, per_batch
+    return count / elapsed, steps.longest if steps else 0.0, cpu_us, idle.idle / elapsed, per_batch
 
 
 PAIRED_RUNS = 3  # extra (sequential block, 64-writer run) pairs, for the spread of the ratio
@@ -309,13 +329,16 @@ async def main(quick: bool) -> dict:
             mem = await kv.open("memory:")
             bound, _, mem_cpu, _, _ = await bench_writers(mem, 64, 1.5 * scale)
             for w in (1, 16, 64, 256):
-                rate, stall, cpu, idle, pb = await bench_writers(db, w, 3.0 * scale)
-                rates[str(w)], stalls[str(w)], cpus[str(w)] = round(rate), round(stall * 1000, 2), round(cpu, 2)
+                rate, _, cpu, idle, pb = await bench_writers(db, w, 3.0 * scale)
+                rates[str(w)], cpus[str(w)] = round(rate), round(cpu, 2)
                 idles[str(w)], per_batch[str(w)] = round(idle, 2), round(pb, 1)
             bound2, _, mem_cpu2, _, _ = await bench_writers(mem, 64, 1.5 * scale)
             bound, mem_cpu = (bound + bound2) / 2, (mem_cpu + mem_cpu2) / 2
             await mem.close()
             paired = await bench_paired_writers64(db, PAIRED_RUNS, 1.0 * scale)
+            for w in (1, 16, 64, 256):  # the longest step, in runs of their own (see StepTimer)
+                stall = (await bench_writers(db, w, 1.0 * scale, time_steps=True))[1]
+                stalls[str(w)] = round(stall * 1000, 2)
             store = db.engine.store
             segments, overlay = store.stats["segments_sealed"], store.overlay_size()
         finally:

@@ -437,3 +437,68 @@ async def test_the_helper_is_woken_by_its_eventfd_not_by_the_request_on_the_sock
         helper.close()
         log.close()
     assert _wait_gone(pid)
+
+
+def test_the_helper_spins_for_the_next_request_only_while_they_come_soon(monkeypatch):
+    """After an answer the helper looks for the next request (``poll(0)``) for
+    ``SPIN_SECONDS`` before it sleeps, but only while requests keep coming that
+    soon: one spin that finds nothing stops the spinning, and a quiet store's
+    helper sleeps straight away (``_fsyncd._requests``)."""
+    import select
+    import socket
+    import threading
+
+    from kv import _fsyncd
+
+    calls: list = []
+    real_poll = select.poll
+
+    class RecordingPoll:
+        def __init__(self) -> None:
+            self._poll = real_poll()
+
+        def register(self, *args) -> None:
+            self._poll.register(*args)
+
+        def poll(self, timeout=None):
+            calls.append(timeout)
+            return self._poll.poll(timeout) if timeout is not None else self._poll.poll()
+
+    monkeypatch.setattr(_fsyncd.select, "poll", RecordingPoll)
+    # a window wide enough that a busy CI machine's scheduling cannot close it between two
+    # lines, and still far below the 0.2 s by which the late requests come
+    monkeypatch.setattr(_fsyncd, "SPIN_SECONDS", 0.02)
+    parent, child = socket.socketpair()
+    efd = os.eventfd(0, os.EFD_CLOEXEC)
+
+    def send(number: int) -> None:
+        parent.send(_fsyncd.REQUEST.pack(number))
+        os.eventfd_write(efd, 1)
+
+    def taken(number: int, *, later: float = 0.0) -> list:
+        """The poll calls made to take request ``number`` (sent now, or ``later`` s from now)."""
+        calls.clear()
+        timer = threading.Timer(later, send, (number,)) if later else None
+        if timer:
+            timer.start()
+        else:
+            send(number)
+        assert next(requests) == number
+        if timer:
+            timer.join()
+        return list(calls)
+
+    requests = _fsyncd._requests(child, efd)
+    try:
+        assert taken(1) == [None]  # the first: slept for (nothing answered before it)
+        assert taken(2) == [None]  # came straight after an answer, but no spin was on yet ...
+        spun = taken(3)  # ... so this one is looked for before sleeping
+        assert spun[0] == 0 and None not in spun
+        missed = taken(4, later=0.2)  # too late for the spin: it gives up, then sleeps
+        assert missed[0] == 0 and missed[-1] is None and set(missed) == {0, None}
+        assert taken(5, later=0.2) == [None]  # and no longer spins: straight to sleep
+    finally:
+        requests.close()
+        parent.close()
+        child.close()
+        os.close(efd)

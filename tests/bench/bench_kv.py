@@ -222,18 +222,17 @@ async def bench_writers(db, writers: int, seconds: float, *,
 
     idle = IdleTimer()
     steps = StepTimer() if time_steps else None
-    for instrument in (idle, steps):
-        if instrument is not None:
-            trio.lowlevel.add_instrument(instrument)
+    instruments = [idle, steps] if steps else [idle]
+    for instrument in instruments:
+        trio.lowlevel.add_instrument(instrument)
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         async with trio.open_nursery() as nursery:
             for w in range(writers):
                 nursery.start_soon(writer, w)
     finally:
-        for instrument in (idle, steps):
-            if instrument is not None:
-                trio.lowlevel.remove_instrument(instrument)
+        for instrument in instruments:
+            trio.lowlevel.remove_instrument(instrument)
     elapsed = time.perf_counter() - t0
     cpu_us = (time.process_time() - cpu0) / max(count, 1) * 1e6
     per_batch = count / max(db.engine.stats["batches"] - batches0, 1)
